@@ -1,0 +1,10 @@
+// Host/device portability macros shared by every file that is compiled both
+// by the host C++ compiler and by a GPU compiler (nvcc or hipcc).
+#pragma once
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+#define MLA_HD __host__ __device__ __forceinline__
+#define MLA_GPU_COMPILER 1
+#else
+#define MLA_HD inline
+#endif

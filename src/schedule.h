@@ -1,0 +1,180 @@
+// Split-KV work partitioning: one algorithm, run by the host (CPU plans and
+// GPU plans fed host arrays) and by the metadata kernel (GPU plans fed device
+// arrays). Everything here is plain arithmetic on lengths so both compilers
+// build the same code.
+//
+// Vocabulary
+//   sequence   one entry of the batch: q_len query tokens, kv_len cached tokens.
+//   head block the query heads are cut into head_blocks groups of
+//              heads_per_block so one work item's rows (q_len x heads) fit in
+//              rows_per_item, the kernel's row tile.
+//   block      block_tokens consecutive KV tokens: the unit of splitting.
+//   work item  (sequence, head block, KV token range). Items of a sequence
+//              that is split write normalised partial outputs + LSE into a
+//              workspace slot; the combine step merges them in split order.
+#pragma once
+
+#include <stdint.h>
+
+#include "hd.h"
+#include "mla.h"
+
+namespace mla {
+
+enum SplitMode : int32_t {
+    SPLIT_BALANCED = 0,       // split count from the batch's total work (default)
+    SPLIT_DETERMINISTIC = 1,  // split count from the sequence's own length only
+    SPLIT_FORCED = 2,         // split count given by the caller
+};
+
+// Static scheduling parameters of a plan (fixed at mla_plan_create).
+struct ScheduleGeometry {
+    int32_t num_heads;
+    int32_t max_q_len;
+    int32_t max_batch;
+    int32_t page_size;
+    int32_t rows_per_item;    // kernel row tile: 16, 32 or 64
+    int32_t heads_per_block;  // heads of one item
+    int32_t head_blocks;      // ceil(num_heads / heads_per_block)
+    int32_t block_tokens;     // KV tokens per scheduling block
+    int32_t workers;          // parallel workers to balance for (GPU: CTAs in flight)
+    int32_t mode;             // SplitMode
+    int32_t forced_splits;    // SPLIT_FORCED: splits per sequence
+    int32_t min_split_blocks; // SPLIT_BALANCED: no split smaller than this
+    int32_t det_chunk_blocks; // SPLIT_DETERMINISTIC: blocks per split ...
+    int32_t det_max_splits;   // ... but at most this many splits
+    int32_t max_items;        // bound on work items of any batch (sizes buffers)
+};
+
+// Per-sequence result of scheduling.
+struct SeqSchedule {
+    int32_t q_begin;        // first query token (row of q / out)
+    int32_t q_len;
+    int32_t kv_len;
+    int32_t page_begin;     // kv_indptr[b]
+    int32_t splits;         // KV splits (same for every head block); 0 if q_len == 0
+    int32_t item_first;     // first work item; items are [head_block][split]
+    int32_t partial_first;  // first workspace slot, -1 when not split
+    int32_t reserved;
+};
+
+// One unit of kernel work.
+struct WorkItem {
+    int32_t seq;
+    int32_t head_block;
+    int32_t kv_begin;       // first KV token of this item
+    int32_t kv_end;         // one past the last
+    int32_t partial_slot;   // workspace slot, -1: write out/lse directly
+    int32_t q_begin;
+    int32_t q_len;
+    int32_t kv_len;         // the sequence's whole length (for the causal mask)
+    int32_t page_begin;
+    int32_t reserved[3];
+};
+
+// Totals of one schedule (first element of the device metadata buffer).
+struct ScheduleSummary {
+    int32_t num_items;
+    int32_t num_partials;
+    int32_t target_blocks;
+    int32_t max_splits;
+    int32_t total_q;
+    int32_t error;        // ScheduleError of the first bad sequence (device path)
+    int32_t error_seq;
+    int32_t error_value;
+};
+
+enum ScheduleError : int32_t {
+    SCHED_OK = 0,
+    SCHED_BAD_QO_INDPTR = 1,
+    SCHED_BAD_KV_INDPTR = 2,
+    SCHED_BAD_LAST_PAGE_LEN = 3,
+    SCHED_Q_LEN_LIMIT = 4,
+};
+
+// Tokens of a sequence with `pages` pages whose last page holds `last_len`.
+MLA_HD int64_t seq_kv_len(int32_t pages, int32_t last_len, int32_t page_size) {
+    return pages == 0 ? 0 : int64_t(pages - 1) * page_size + last_len;
+}
+
+// Check one sequence's lengths; the same predicate on host and device.
+MLA_HD int32_t check_sequence(int32_t q_begin, int32_t q_end, int32_t page_begin, int32_t page_end,
+                              int32_t last_len, const ScheduleGeometry &g) {
+    if (q_end < q_begin) return SCHED_BAD_QO_INDPTR;
+    if (q_end - q_begin > g.max_q_len) return SCHED_Q_LEN_LIMIT;
+    if (page_end < page_begin) return SCHED_BAD_KV_INDPTR;
+    if (page_end > page_begin && (last_len < 1 || last_len > g.page_size)) return SCHED_BAD_LAST_PAGE_LEN;
+    if (seq_kv_len(page_end - page_begin, last_len, g.page_size) > INT32_MAX) return SCHED_BAD_KV_INDPTR;
+    return SCHED_OK;
+}
+
+MLA_HD int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
+
+MLA_HD int32_t seq_blocks(int32_t kv_len, const ScheduleGeometry &g) { return ceil_div(kv_len, g.block_tokens); }
+
+// Balanced mode: KV blocks per item so the whole batch fills `workers`.
+MLA_HD int32_t balanced_target_blocks(int64_t total_blocks, const ScheduleGeometry &g) {
+    const int64_t per_worker = (total_blocks * g.head_blocks + g.workers - 1) / g.workers;
+    return per_worker > g.min_split_blocks ? int32_t(per_worker) : g.min_split_blocks;
+}
+
+// KV splits of a sequence of `blocks` blocks; never an empty split.
+MLA_HD int32_t seq_splits(int32_t q_len, int32_t blocks, int32_t target_blocks, const ScheduleGeometry &g) {
+    if (q_len == 0) return 0;
+    if (blocks <= 1) return 1;
+    int32_t s;
+    if (g.mode == SPLIT_FORCED) {
+        s = g.forced_splits;
+    } else if (g.mode == SPLIT_DETERMINISTIC) {
+        s = ceil_div(blocks, g.det_chunk_blocks);
+        if (s > g.det_max_splits) s = g.det_max_splits;
+    } else {
+        s = ceil_div(blocks, target_blocks);
+        if (s > MLA_MAX_SPLITS) s = MLA_MAX_SPLITS;
+    }
+    if (s > blocks) s = blocks;
+    if (s < 1) s = 1;
+    return ceil_div(blocks, ceil_div(blocks, s));  // drop splits that chunking left empty
+}
+
+// Token range of split k of a sequence (chunks of whole blocks).
+MLA_HD void split_range(int32_t k, int32_t splits, int32_t kv_len, const ScheduleGeometry &g, int32_t *begin,
+                        int32_t *end) {
+    const int32_t blocks = seq_blocks(kv_len, g);
+    const int32_t chunk = splits > 0 ? ceil_div(blocks, splits) : 0;
+    const int64_t b = int64_t(k) * chunk * g.block_tokens;
+    const int64_t e = int64_t(k + 1) * chunk * g.block_tokens;
+    *begin = int32_t(b < kv_len ? b : kv_len);
+    *end = int32_t(e < kv_len ? e : kv_len);
+}
+
+// Work items of one sequence, written at items[s.item_first ...].
+MLA_HD void emit_items(int32_t seq, const SeqSchedule &s, const ScheduleGeometry &g, WorkItem *items) {
+    for (int32_t hb = 0; hb < g.head_blocks; ++hb) {
+        for (int32_t k = 0; k < s.splits; ++k) {
+            WorkItem w;
+            w.seq = seq;
+            w.head_block = hb;
+            split_range(k, s.splits, s.kv_len, g, &w.kv_begin, &w.kv_end);
+            w.partial_slot = s.splits > 1 ? s.partial_first + hb * s.splits + k : -1;
+            w.q_begin = s.q_begin;
+            w.q_len = s.q_len;
+            w.kv_len = s.kv_len;
+            w.page_begin = s.page_begin;
+            w.reserved[0] = w.reserved[1] = w.reserved[2] = 0;
+            items[s.item_first + hb * s.splits + k] = w;
+        }
+    }
+}
+
+// Upper bound of work items for any batch of this plan.
+MLA_HD int32_t max_work_items(const ScheduleGeometry &g) {
+    const int64_t seq_items = int64_t(g.max_batch) * g.head_blocks;
+    int64_t n;
+    if (g.mode == SPLIT_FORCED) n = seq_items * g.forced_splits;
+    else if (g.mode == SPLIT_DETERMINISTIC) n = seq_items * g.det_max_splits;
+    else n = seq_items + g.workers;  // sum of ceil(blocks/target) <= workers + sequences
+    return int32_t(n < INT32_MAX ? n : INT32_MAX);
+}
+
+}  // namespace mla
