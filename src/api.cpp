@@ -150,15 +150,24 @@ mla_status validate_tensors(const mla_plan &plan, const mla_tensors &t) {
                     need);
     }
     // Page indices are host memory only for CPU plans; GPU plans check them on
-    // the device under MLA_FLAG_VALIDATE_DEVICE_INPUTS.
-    const bool host_pages = c.backend == MLA_BACKEND_CPU || !t.kv_indices;
-    if (host_pages && plan.metadata_from_host && (t.num_pages > 0 || t.kv_indices)) {
+    // the device under MLA_FLAG_VALIDATE_DEVICE_INPUTS. The identity table is
+    // checked in O(1) from the last page any sequence owns.
+    if (!plan.metadata_from_host || plan.last_batch_size == 0) return MLA_SUCCESS;
+    const std::vector<SeqSchedule> &seqs = plan.host_schedule.seqs;
+    if (!t.kv_indices) {
+        const SeqSchedule &last = seqs[size_t(plan.last_batch_size - 1)];
+        const int64_t end = last.page_begin + (last.kv_len == 0 ? 0 : ceil_div(last.kv_len, c.page_size));
+        if (t.num_pages > 0 && end > t.num_pages)
+            return fail(MLA_ERROR_PAGE_OUT_OF_RANGE,
+                        "kv_indices is NULL (identity pages) but the batch uses pages up to %lld, above num_pages = %lld",
+                        (long long)end - 1, (long long)t.num_pages);
+    } else if (c.backend == MLA_BACKEND_CPU) {
         for (int32_t b = 0; b < plan.last_batch_size; ++b) {
-            const SeqSchedule &s = plan.host_schedule.seqs[size_t(b)];
-            const int32_t pages = s.kv_len == 0 ? 0 : ceil_div(s.kv_len, c.page_size);
+            const SeqSchedule &s = seqs[size_t(b)];
             if (s.q_len == 0) continue;
+            const int32_t pages = s.kv_len == 0 ? 0 : ceil_div(s.kv_len, c.page_size);
             for (int32_t p = s.page_begin; p < s.page_begin + pages; ++p) {
-                const int64_t page = t.kv_indices ? t.kv_indices[p] : p;
+                const int64_t page = t.kv_indices[p];
                 if (page < 0 || (t.num_pages > 0 && page >= t.num_pages))
                     return fail(MLA_ERROR_PAGE_OUT_OF_RANGE,
                                 "page %lld of sequence %d (kv_indices[%d]) is outside 0..num_pages-1 (num_pages = %lld)",

@@ -107,6 +107,7 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     sum.num_items = items;
     sum.num_partials = partials;
     sum.total_q = batch.qo_indptr[n];
+    sum.batch_size = n;
     return MLA_SUCCESS;
 }
 

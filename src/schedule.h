@@ -82,6 +82,8 @@ struct ScheduleSummary {
     int32_t error;        // ScheduleError of the first bad sequence (device path)
     int32_t error_seq;
     int32_t error_value;
+    int32_t batch_size;
+    int32_t reserved[3];
 };
 
 enum ScheduleError : int32_t {

@@ -1,0 +1,260 @@
+// The split-KV attention kernel, written once for every architecture and KV
+// format: one CTA per work item (sequence, head block, KV range). Per KV tile:
+// S = Q K^T on the tile primitive, masked online softmax in shared memory,
+// O += P V on the tile primitive. Unsplit items write out/lse directly, split
+// items write a normalised partial and its LSE for the combine kernel.
+#pragma once
+
+#include <math.h>
+
+#include "kernels.h"
+#include "kv_tile.cuh"
+#include "tile.cuh"
+
+namespace mla {
+namespace gpu {
+
+template <int ROWS, int KV>
+struct AttentionShape {
+    // 32-token KV tiles keep a 16-row CTA under half the shared memory of an
+    // SM, so two CTAs share each SM and one's loads overlap the other's math.
+    static constexpr int N = 32;
+    static constexpr int kMinBlocksPerSm = ROWS <= 16 ? 2 : 1;
+    static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
+    static constexpr int WM = ROWS / 16;               // warps along rows
+    static constexpr int WN = kWarps / WM;             // warps along columns
+    // S = Q K^T: each warp owns 16 rows x kSCols columns x (576 / kKSplit) of
+    // the reduction; with more warps than 8-column groups the reduction is
+    // split and the softmax adds the kKSplit partial sums.
+    static constexpr int kSCols = N / WN >= 8 ? N / WN : 8;
+    static constexpr int kColGroups = N / kSCols;
+    static constexpr int kKSplit = WN / kColGroups;
+    static constexpr int kKPerWarp = MLA_HEAD_DIM_QK / kKSplit;
+    static constexpr int kOCols = MLA_HEAD_DIM_V / WN; // O columns per warp
+    static constexpr int kSLd = N + 4;                 // float stride of S
+    static constexpr int kPLd = N + 8;                 // bf16 stride of P (odd multiple of 16 B)
+    static constexpr int kRowThreads = kThreads / ROWS;  // softmax threads per row
+    static constexpr int kRowCols = N / kRowThreads;
+    using Kv = KvTile<KV, N>;
+
+    static constexpr int kQBytes = ROWS * kKvLd * 2;
+    static constexpr int kSBytes = kKSplit * ROWS * kSLd * 4;
+    static constexpr int kPBytes = ROWS * kPLd * 2;
+    static constexpr int kStatBytes = 3 * ROWS * 4;
+    static constexpr int kSmemBytes = kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + Kv::kConvertedBytes + kSBytes +
+                                      kPBytes + kStatBytes + Kv::kRowMetaBytes;
+    static_assert(kSCols % 8 == 0 && kOCols % 16 == 0 && kKPerWarp % 16 == 0, "warp tiling");
+    static_assert(kRowCols % 2 == 0, "softmax writes column pairs");
+    static_assert(64 % N == 0, "tiles must not straddle schedule blocks");
+};
+
+template <int ROWS, int KV>
+__global__ void __launch_bounds__(kThreads, AttentionShape<ROWS, KV>::kMinBlocksPerSm)
+    attention_kernel(const AttentionParams p) {
+    using S = AttentionShape<ROWS, KV>;
+    constexpr int N = S::N;
+    constexpr int kSNt = S::kSCols / 8, kONt = S::kOCols / 8;
+    static_assert(kThreads % ROWS == 0, "softmax thread mapping");
+    constexpr int E = Tile::kElems;
+    const float kNegInf = -INFINITY;
+
+    if (int(blockIdx.x) >= p.summary->num_items) return;
+    const WorkItem w = p.items[blockIdx.x];
+
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint8_t *cursor = smem;
+    uint16_t *qs = reinterpret_cast<uint16_t *>(cursor); cursor += S::kQBytes;
+    typename S::Kv kv;
+    kv.landing = cursor; cursor += S::Kv::kLandingBytes;
+    kv.scales = cursor; cursor += S::Kv::kScaleBytes;
+    kv.converted = reinterpret_cast<uint16_t *>(cursor); cursor += S::Kv::kConvertedBytes;
+    float *ss = reinterpret_cast<float *>(cursor); cursor += S::kSBytes;
+    uint16_t *ps = reinterpret_cast<uint16_t *>(cursor); cursor += S::kPBytes;
+    float *row_m = reinterpret_cast<float *>(cursor);  // running max, log2 units
+    float *row_l = row_m + ROWS;                       // running sum
+    float *row_alpha = row_l + ROWS;                   // rescale of this tile
+    cursor += S::kStatBytes;
+    kv.row_offset = reinterpret_cast<int64_t *>(cursor);
+    kv.scale_shift = cursor + N * 8;
+
+    const int tid = threadIdx.x, lane = tid % MLA_WARP_SIZE, warp = tid / MLA_WARP_SIZE;
+    const int wm = warp % S::WM, wn = warp / S::WM;
+    const int qk_group = wn % S::kColGroups, qk_split = wn / S::kColGroups;
+    const int h0 = w.head_block * p.heads_per_block;
+    const int heads = min(p.heads_per_block, p.num_heads - h0);
+    const int rows_valid = w.q_len * heads;
+    const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
+
+    if (tid < ROWS) {
+        row_m[tid] = kNegInf;
+        row_l[tid] = 0.0f;
+    }
+    load_q<ROWS>(p, w, h0, heads, qs);
+    if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
+    async_commit();
+    if (num_tiles > 1) kv.issue(p, w, w.kv_begin + N, 1);
+    async_commit();
+
+    float o_acc[kONt][E];
+#pragma unroll
+    for (int i = 0; i < kONt; ++i)
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_acc[i][e] = 0.0f;
+
+    for (int j = 0; j < num_tiles; ++j) {
+        const int stage = j & 1, t0 = w.kv_begin + j * N;
+        async_wait<1>();
+        __syncthreads();
+        const uint16_t *kt = kv.bf16_tile(stage);
+        if (S::Kv::kQuantized) {
+            __syncthreads();
+            if (j + 2 < num_tiles) kv.issue(p, w, t0 + 2 * N, stage);
+            async_commit();
+        }
+
+        // Raw dot products for this warp's 16 rows x kSCols columns x K slice.
+        float s_acc[kSNt][E];
+#pragma unroll
+        for (int i = 0; i < kSNt; ++i)
+#pragma unroll
+            for (int e = 0; e < E; ++e) s_acc[i][e] = 0.0f;
+        Tile::abt<kSNt, S::kKPerWarp>(s_acc, qs + wm * 16 * kKvLd + qk_split * S::kKPerWarp, kKvLd,
+                                      kt + qk_group * S::kSCols * kKvLd + qk_split * S::kKPerWarp, kKvLd);
+        float *ss_part = ss + qk_split * ROWS * S::kSLd;
+#pragma unroll
+        for (int i = 0; i < kSNt; ++i)
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                ss_part[(wm * 16 + Tile::row(lane, e)) * S::kSLd + qk_group * S::kSCols + i * 8 + Tile::col(lane, e)] =
+                    s_acc[i][e];
+        __syncthreads();
+
+        // Online softmax: kRowThreads threads per row, kRowCols columns each.
+        {
+            const int r = tid / S::kRowThreads, c0 = (tid % S::kRowThreads) * S::kRowCols;
+            // Causal: query token t of the sequence's q_len sees keys < kv_len - q_len + t + 1.
+            const int visible_end = min(w.kv_end, w.kv_len - w.q_len + r / heads + 1);
+            float sv[S::kRowCols];
+            float mt = kNegInf;
+#pragma unroll
+            for (int c = 0; c < S::kRowCols; ++c) {
+                float v = 0.0f;
+#pragma unroll
+                for (int k = 0; k < S::kKSplit; ++k) v += ss[(k * ROWS + r) * S::kSLd + c0 + c];
+                v *= p.qk_scale;
+                if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
+                sv[c] = r < rows_valid && t0 + c0 + c < visible_end ? v * kLog2e : kNegInf;
+                mt = fmaxf(mt, sv[c]);
+            }
+#pragma unroll
+            for (int off = S::kRowThreads / 2; off > 0; off >>= 1) mt = fmaxf(mt, MLA_SHFL_XOR(mt, off));
+            const float m_old = row_m[r];
+            const float m_new = fmaxf(m_old, mt);
+            const bool empty = m_new == kNegInf;
+            const float alpha = empty ? 1.0f : exp2f(m_old - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < S::kRowCols; c += 2) {
+                const float p0 = empty ? 0.0f : exp2f(sv[c] - m_new);
+                const float p1 = empty ? 0.0f : exp2f(sv[c + 1] - m_new);
+                sum += p0 + p1;
+                *reinterpret_cast<uint32_t *>(ps + r * S::kPLd + c0 + c) =
+                    uint32_t(float_to_bf16(p0)) | (uint32_t(float_to_bf16(p1)) << 16);
+            }
+#pragma unroll
+            for (int off = S::kRowThreads / 2; off > 0; off >>= 1) sum += MLA_SHFL_XOR(sum, off);
+            if (tid % S::kRowThreads == 0) {
+                row_m[r] = m_new;
+                row_l[r] = row_l[r] * alpha + sum;
+                row_alpha[r] = alpha;
+            }
+        }
+        __syncthreads();
+
+        // O = alpha * O + P V for this warp's 16 rows x kOCols columns.
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const float a = row_alpha[wm * 16 + Tile::row(lane, e)];
+#pragma unroll
+            for (int i = 0; i < kONt; ++i) o_acc[i][e] *= a;
+        }
+        Tile::ab<kONt, N>(o_acc, ps + wm * 16 * S::kPLd, S::kPLd, kt + wn * S::kOCols, kKvLd);
+        __syncthreads();
+        if (!S::Kv::kQuantized) {
+            if (j + 2 < num_tiles) kv.issue(p, w, t0 + 2 * N, stage);
+            async_commit();
+        }
+    }
+    async_wait<0>();
+    __syncthreads();
+
+    // Epilogue: normalise; write bf16 out + lse, or the float partial + lse.
+    float *slot = w.partial_slot >= 0 ? p.partials + int64_t(w.partial_slot) * p.slot_floats : nullptr;
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+        const int r = wm * 16 + Tile::row(lane, e);
+        if (r >= rows_valid) continue;
+        const float l = row_l[r];
+        const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+        const int tok = w.q_begin + r / heads, h = h0 + r % heads;
+#pragma unroll
+        for (int i = 0; i < kONt; ++i) {
+            const int c = wn * S::kOCols + i * 8 + Tile::col(lane, e);
+            const float v0 = o_acc[i][e] * inv, v1 = o_acc[i][e + 1] * inv;
+            if (slot) {
+                *reinterpret_cast<float2 *>(slot + r * MLA_HEAD_DIM_V + c) = make_float2(v0, v1);
+            } else {
+                uint16_t *o = p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + c;
+                *reinterpret_cast<uint32_t *>(o) = uint32_t(float_to_bf16(v0)) | (uint32_t(float_to_bf16(v1)) << 16);
+            }
+        }
+    }
+    if (tid < rows_valid) {
+        const float l = row_l[tid];
+        const float lse = l > 0.0f ? (row_m[tid] + log2f(l)) * kLn2 : kNegInf;
+        if (slot) {
+            slot[ROWS * MLA_HEAD_DIM_V + tid] = lse;
+        } else if (p.lse) {
+            const int tok = w.q_begin + tid / heads, h = h0 + tid % heads;
+            p.lse[int64_t(tok) * p.num_heads + h] = lse;
+        }
+    }
+}
+
+template <int ROWS, int KV>
+int attention_smem_bytes() {
+    return AttentionShape<ROWS, KV>::kSmemBytes;
+}
+
+template <int ROWS, int KV>
+hipError_t prepare_attention(int max_dynamic_smem) {
+    const int bytes = AttentionShape<ROWS, KV>::kSmemBytes;
+    if (bytes > max_dynamic_smem) return hipErrorInvalidValue;
+    return hipFuncSetAttribute(reinterpret_cast<const void *>(&attention_kernel<ROWS, KV>),
+                               hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <int ROWS, int KV>
+int attention_blocks_per_sm() {
+    int blocks = 0;
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, &attention_kernel<ROWS, KV>, kThreads,
+                                                     AttentionShape<ROWS, KV>::kSmemBytes) != hipSuccess)
+        return 1;
+    return blocks > 0 ? blocks : 1;
+}
+
+template <int ROWS, int KV>
+hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream) {
+    attention_kernel<ROWS, KV><<<grid, kThreads, AttentionShape<ROWS, KV>::kSmemBytes, stream>>>(p);
+    return hipGetLastError();
+}
+
+}  // namespace gpu
+}  // namespace mla
+
+// One specialisation per translation unit (see attention_instance.cu.in).
+#define MLA_INSTANTIATE_ATTENTION(ROWS, KV)                                                      \
+    template hipError_t mla::gpu::launch_attention<ROWS, KV>(const mla::gpu::AttentionParams &, int, hipStream_t); \
+    template hipError_t mla::gpu::prepare_attention<ROWS, KV>(int);                             \
+    template int mla::gpu::attention_smem_bytes<ROWS, KV>();                          \
+    template int mla::gpu::attention_blocks_per_sm<ROWS, KV>();

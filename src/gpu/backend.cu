@@ -1,0 +1,275 @@
+// GPU backend: device buffers of a plan, metadata upload or on-device
+// scheduling, and the launches of one execute. Never allocates or
+// synchronises in execute (except under MLA_FLAG_VALIDATE_DEVICE_INPUTS).
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "../errors.h"
+#include "../plan.h"
+#include "kernels.h"
+#include "runtime.h"
+
+namespace mla {
+namespace gpu {
+namespace {
+
+using LaunchFn = hipError_t (*)(const AttentionParams &, int, hipStream_t);
+using PrepareFn = hipError_t (*)(int);
+using SmemFn = int (*)();
+using OccupancyFn = int (*)();
+
+struct Variant {
+    LaunchFn launch;
+    PrepareFn prepare;
+    SmemFn smem;
+    OccupancyFn blocks_per_sm;
+};
+
+template <int ROWS, int KV>
+constexpr Variant variant() {
+    return {&launch_attention<ROWS, KV>, &prepare_attention<ROWS, KV>, &attention_smem_bytes<ROWS, KV>,
+            &attention_blocks_per_sm<ROWS, KV>};
+}
+
+template <int ROWS>
+bool pick_kv(mla_dtype kv, Variant *v) {
+    switch (kv) {
+        case MLA_DTYPE_BF16: *v = variant<ROWS, MLA_DTYPE_BF16>(); return true;
+        case MLA_DTYPE_FP8_E4M3: *v = variant<ROWS, MLA_DTYPE_FP8_E4M3>(); return true;
+        case MLA_DTYPE_FP8_E4M3_FNUZ: *v = variant<ROWS, MLA_DTYPE_FP8_E4M3_FNUZ>(); return true;
+        case MLA_DTYPE_MXFP4: *v = variant<ROWS, MLA_DTYPE_MXFP4>(); return true;
+        default: return false;
+    }
+}
+
+bool pick_variant(int rows, mla_dtype kv, Variant *v) {
+    switch (rows) {
+        case 16: return pick_kv<16>(kv, v);
+        case 32: return pick_kv<32>(kv, v);
+        case 64: return pick_kv<64>(kv, v);
+        default: return false;
+    }
+}
+
+// Device metadata buffer: [summary][seqs: max_batch][items: max_items].
+struct MetadataLayout {
+    size_t seqs_offset, items_offset, bytes;
+    explicit MetadataLayout(const ScheduleGeometry &g) {
+        seqs_offset = 256;
+        items_offset = seqs_offset + ((size_t(g.max_batch) * sizeof(SeqSchedule) + 255) / 256) * 256;
+        bytes = items_offset + size_t(g.max_items) * sizeof(WorkItem);
+    }
+};
+
+class GpuBackend final : public Backend {
+public:
+    GpuBackend(const PlanConfig &cfg) : cfg_(cfg), layout_(ScheduleGeometry{}) {}
+
+    ~GpuBackend() override {
+        if (!metadata_) return;  // init failed before any device resource
+        int previous = -1;
+        if (hipGetDevice(&previous) == hipSuccess && previous != cfg_.device) (void)hipSetDevice(cfg_.device);
+        if (upload_done_) {
+            (void)hipEventSynchronize(upload_done_);
+            (void)hipEventDestroy(upload_done_);
+        }
+        if (host_staging_) (void)hipHostFree(host_staging_);
+        if (metadata_) (void)hipFree(metadata_);
+        if (workspace_) (void)hipFree(workspace_);
+        if (validation_) (void)hipFree(validation_);
+        if (previous >= 0 && previous != cfg_.device) (void)hipSetDevice(previous);
+    }
+
+    mla_status init() {
+        int count = 0;
+        const hipError_t err = hipGetDeviceCount(&count);
+        if (err != hipSuccess || count == 0)
+            return fail(MLA_ERROR_BACKEND_UNAVAILABLE, "MLA_BACKEND_GPU requested, but no GPU is usable (%s)",
+                        err != hipSuccess ? hipGetErrorString(err) : "no devices");
+        if (cfg_.device >= count)
+            return fail(MLA_ERROR_INVALID_DEVICE, "desc->device = %d, but only %d GPU(s) are present", cfg_.device,
+                        count);
+        DeviceGuard guard(cfg_.device);
+        MLA_TRY(guard.status());
+        int sms = 0, smem_optin = 0;
+        MLA_GPU_TRY(hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, cfg_.device));
+        MLA_GPU_TRY(hipDeviceGetAttribute(&smem_optin, hipDeviceAttributeMaxSharedMemoryPerBlockOptin, cfg_.device));
+
+        // The balanced scheduler targets one work item per resident CTA. The
+        // kernel variant depends only on the row tile, so pick it first.
+        geometry_ = make_geometry(cfg_, sms, kMinSplitBlocks);
+        if (!pick_variant(geometry_.rows_per_item, cfg_.kv_dtype, &variant_))
+            return fail(MLA_ERROR_INTERNAL, "no kernel for %d rows and kv dtype %d", geometry_.rows_per_item,
+                        int(cfg_.kv_dtype));
+        if (variant_.smem() > smem_optin)
+            return fail(MLA_ERROR_BACKEND_UNAVAILABLE,
+                        "the kernel needs %d bytes of shared memory per block, device %d allows %d", variant_.smem(),
+                        cfg_.device, smem_optin);
+        MLA_GPU_TRY(variant_.prepare(smem_optin));
+        geometry_ = make_geometry(cfg_, sms * variant_.blocks_per_sm(), kMinSplitBlocks);
+        layout_ = MetadataLayout(geometry_);
+        MLA_GPU_TRY(hipMalloc(&metadata_, layout_.bytes));
+        MLA_GPU_TRY(hipMemset(metadata_, 0, layout_.bytes));
+        MLA_GPU_TRY(hipHostMalloc(&host_staging_, layout_.bytes, 0));
+        MLA_GPU_TRY(hipEventCreateWithFlags(&upload_done_, hipEventDisableTiming));
+        MLA_GPU_TRY(hipMalloc(&validation_, 4 * sizeof(int32_t)));
+        if (!(cfg_.flags & MLA_FLAG_CALLER_WORKSPACE) && workspace_bytes() > 0)
+            MLA_GPU_TRY(hipMalloc(&workspace_, workspace_bytes()));
+        return MLA_SUCCESS;
+    }
+
+    const ScheduleGeometry &geometry() const override { return geometry_; }
+    void *owned_workspace() override { return workspace_; }
+
+    mla_status upload_schedule(const HostSchedule &sched, void *stream) override {
+        DeviceGuard guard(cfg_.device);
+        MLA_TRY(guard.status());
+        // The staging buffer may still feed the previous upload.
+        MLA_GPU_TRY(hipEventSynchronize(upload_done_));
+        uint8_t *h = static_cast<uint8_t *>(host_staging_);
+        std::memcpy(h, &sched.summary, sizeof(ScheduleSummary));
+        std::memcpy(h + layout_.seqs_offset, sched.seqs.data(), sched.seqs.size() * sizeof(SeqSchedule));
+        std::memcpy(h + layout_.items_offset, sched.items.data(), sched.items.size() * sizeof(WorkItem));
+        const hipStream_t s = static_cast<hipStream_t>(stream);
+        // Copy only what this step uses: summary + its sequences, and its items.
+        MLA_GPU_TRY(hipMemcpyAsync(metadata_, h, layout_.seqs_offset + sched.seqs.size() * sizeof(SeqSchedule),
+                                   hipMemcpyHostToDevice, s));
+        if (!sched.items.empty())
+            MLA_GPU_TRY(hipMemcpyAsync(static_cast<uint8_t *>(metadata_) + layout_.items_offset,
+                                       h + layout_.items_offset, sched.items.size() * sizeof(WorkItem),
+                                       hipMemcpyHostToDevice, s));
+        MLA_GPU_TRY(hipEventRecord(upload_done_, s));
+        return MLA_SUCCESS;
+    }
+
+    mla_status build_metadata_device(const mla_batch &batch, void *stream) override {
+        DeviceGuard guard(cfg_.device);
+        MLA_TRY(guard.status());
+        MetadataParams p{};
+        p.qo_indptr = batch.qo_indptr;
+        p.kv_indptr = batch.kv_indptr;
+        p.kv_last_page_len = batch.kv_last_page_len;
+        p.batch_size = batch.batch_size;
+        p.geometry = geometry_;
+        p.summary = summary();
+        p.seqs = seqs();
+        p.items = items();
+        const hipStream_t s = static_cast<hipStream_t>(stream);
+        MLA_GPU_TRY(launch_metadata(p, s));
+        if (cfg_.flags & MLA_FLAG_VALIDATE_DEVICE_INPUTS) {
+            ScheduleSummary host{};
+            MLA_GPU_TRY(hipMemcpyAsync(&host, p.summary, sizeof host, hipMemcpyDeviceToHost, s));
+            MLA_GPU_TRY(hipStreamSynchronize(s));
+            if (host.error != SCHED_OK) {
+                schedule_error_status(host.error, host.error_seq, host.error_value, geometry_);
+                return fail(MLA_ERROR_DEVICE_VALIDATION_FAILED, "device-side check: %s", mla_last_error_message());
+            }
+        }
+        return MLA_SUCCESS;
+    }
+
+    mla_status execute(const mla_tensors &t, void *workspace, void *stream) override {
+        DeviceGuard guard(cfg_.device);
+        MLA_TRY(guard.status());
+        const hipStream_t s = static_cast<hipStream_t>(stream);
+        const ScheduleGeometry &g = geometry_;
+        const bool fp8_q = cfg_.q_dtype != MLA_DTYPE_BF16;
+        const bool fp8_kv = cfg_.kv_dtype == MLA_DTYPE_FP8_E4M3 || cfg_.kv_dtype == MLA_DTYPE_FP8_E4M3_FNUZ;
+        int page_shift = 0;
+        while ((1 << page_shift) < cfg_.page_size) ++page_shift;
+
+        if (cfg_.flags & MLA_FLAG_VALIDATE_DEVICE_INPUTS) {
+            MLA_GPU_TRY(hipMemsetAsync(validation_, 0, 4 * sizeof(int32_t), s));
+            MLA_GPU_TRY(launch_validate_pages(summary(), items(), t.kv_indices, page_shift, t.num_pages, g.max_items,
+                                              static_cast<int32_t *>(validation_), s));
+            int32_t bad[4] = {0, 0, 0, 0};
+            MLA_GPU_TRY(hipMemcpyAsync(bad, validation_, sizeof bad, hipMemcpyDeviceToHost, s));
+            MLA_GPU_TRY(hipStreamSynchronize(s));
+            if (bad[0])
+                return fail(MLA_ERROR_DEVICE_VALIDATION_FAILED,
+                            "device-side check: page %d of sequence %d (kv_indices[%d]) is outside 0..num_pages-1 "
+                            "(num_pages = %lld)",
+                            bad[1], bad[2], bad[3], (long long)t.num_pages);
+        }
+
+        AttentionParams p{};
+        p.q = static_cast<const uint8_t *>(t.q);
+        p.kv = static_cast<const uint8_t *>(t.kv);
+        p.kv_block_scales = t.kv_block_scales;
+        p.kv_indices = t.kv_indices;
+        p.out = static_cast<uint16_t *>(t.out);
+        p.lse = t.lse;
+        p.partials = static_cast<float *>(workspace);
+        p.summary = summary();
+        p.items = items();
+        p.num_pages = t.num_pages;
+        p.num_heads = cfg_.num_heads;
+        p.heads_per_block = g.heads_per_block;
+        p.page_shift = page_shift;
+        p.q_dtype = cfg_.q_dtype;
+        p.scale_stride = t.kv_scale_stride;
+        p.slot_floats = int32_t(partial_slot_bytes(g.rows_per_item) / sizeof(float));
+        p.qk_scale = cfg_.sm_scale * (fp8_q ? t.q_scale : 1.0f) * (fp8_kv ? t.kv_scale : 1.0f);
+        p.v_scale = fp8_kv ? t.kv_scale : 1.0f;
+        p.logit_cap = cfg_.logit_cap;
+        // The grid is the plan's bound, not this step's item count, so a
+        // captured graph stays valid when a later step has more items.
+        MLA_GPU_TRY(variant_.launch(p, g.max_items, s));
+
+        if (g.mode != SPLIT_FORCED || g.forced_splits > 1) {
+            CombineParams c{};
+            c.summary = summary();
+            c.seqs = seqs();
+            c.partials = p.partials;
+            c.out = p.out;
+            c.lse = t.lse;
+            c.num_heads = cfg_.num_heads;
+            c.heads_per_block = g.heads_per_block;
+            c.head_blocks = g.head_blocks;
+            c.rows_per_item = g.rows_per_item;
+            c.slot_floats = p.slot_floats;
+            MLA_GPU_TRY(launch_combine(c, g.max_batch * g.head_blocks, s));
+        }
+        return MLA_SUCCESS;
+    }
+
+private:
+    static constexpr int32_t kMinSplitBlocks = 2;
+
+    ScheduleSummary *summary() { return static_cast<ScheduleSummary *>(metadata_); }
+    SeqSchedule *seqs() { return reinterpret_cast<SeqSchedule *>(static_cast<uint8_t *>(metadata_) + layout_.seqs_offset); }
+    WorkItem *items() { return reinterpret_cast<WorkItem *>(static_cast<uint8_t *>(metadata_) + layout_.items_offset); }
+
+    PlanConfig cfg_;
+    ScheduleGeometry geometry_{};
+    Variant variant_{};
+    MetadataLayout layout_;
+    void *metadata_ = nullptr;
+    void *host_staging_ = nullptr;
+    void *workspace_ = nullptr;
+    void *validation_ = nullptr;
+    hipEvent_t upload_done_ = nullptr;
+};
+
+}  // namespace
+}  // namespace gpu
+
+std::unique_ptr<Backend> make_gpu_backend(const PlanConfig &cfg, mla_status *status) {
+    std::unique_ptr<gpu::GpuBackend> b(new (std::nothrow) gpu::GpuBackend(cfg));
+    if (!b) {
+        *status = fail(MLA_ERROR_OUT_OF_MEMORY, "could not allocate the GPU backend");
+        return nullptr;
+    }
+    *status = b->init();
+    if (*status != MLA_SUCCESS) return nullptr;
+    return std::unique_ptr<Backend>(b.release());
+}
+
+int gpu_device_count() {
+    int count = 0;
+    if (hipGetDeviceCount(&count) != hipSuccess) return 0;
+    return count;
+}
+
+}  // namespace mla

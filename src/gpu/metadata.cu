@@ -1,0 +1,161 @@
+// The scheduler of schedule.h run on the device, from device-resident
+// indptr arrays, by one CTA: no host synchronisation, so it can be captured
+// in a graph together with the layers' execute calls.
+#include <limits.h>
+
+#include "kernels.h"
+
+namespace mla {
+namespace gpu {
+namespace {
+
+constexpr int kMetaThreads = 1024;
+
+// Exclusive prefix sum over the CTA of one value per thread; returns the
+// total in *total.
+__device__ int block_exclusive_scan(int value, int *scratch, int *total) {
+    const int tid = threadIdx.x;
+    scratch[tid] = value;
+    __syncthreads();
+    for (int off = 1; off < kMetaThreads; off <<= 1) {
+        const int add = tid >= off ? scratch[tid - off] : 0;
+        __syncthreads();
+        scratch[tid] += add;
+        __syncthreads();
+    }
+    const int inclusive = scratch[tid];
+    *total = scratch[kMetaThreads - 1];
+    __syncthreads();
+    return inclusive - value;
+}
+
+__global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataParams p) {
+    const ScheduleGeometry &g = p.geometry;
+    const int n = p.batch_size, tid = threadIdx.x;
+    __shared__ int scan_scratch[kMetaThreads];
+    __shared__ unsigned long long total_blocks;
+    __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
+    __shared__ int max_splits;
+    if (tid == 0) {
+        total_blocks = 0;
+        first_error = INT_MAX;
+        max_splits = 0;
+        if (p.qo_indptr[0] != 0) first_error = SCHED_BAD_QO_INDPTR;
+        else if (p.kv_indptr[0] != 0) first_error = SCHED_BAD_KV_INDPTR;
+    }
+    __syncthreads();
+
+    // Each thread owns a contiguous range of sequences.
+    const int per = (n + kMetaThreads - 1) / kMetaThreads;
+    const int b_begin = min(n, tid * per), b_end = min(n, b_begin + per);
+    unsigned long long blocks = 0;
+    for (int b = b_begin; b < b_end; ++b) {
+        const int q0 = p.qo_indptr[b], q1 = p.qo_indptr[b + 1];
+        const int p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
+        const int last = p.kv_last_page_len ? p.kv_last_page_len[b] : g.page_size;
+        const int err = check_sequence(q0, q1, p0, p1, last, g);
+        if (err != SCHED_OK) atomicMin(&first_error, (b + 1) * 8 + err);
+        SeqSchedule s;
+        s.q_begin = q0;
+        s.q_len = q1 - q0;
+        s.kv_len = err == SCHED_OK ? int32_t(seq_kv_len(p1 - p0, last, g.page_size)) : 0;
+        s.page_begin = p0;
+        s.splits = 0;
+        s.item_first = 0;
+        s.partial_first = -1;
+        s.reserved = 0;
+        p.seqs[b] = s;
+        if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len, g);
+    }
+    atomicAdd(&total_blocks, blocks);
+    __syncthreads();
+
+    if (first_error != INT_MAX) {
+        if (tid == 0) {
+            ScheduleSummary sum{};
+            const int b = first_error / 8 - 1;
+            sum.error = first_error % 8;
+            sum.error_seq = b < 0 ? 0 : b;
+            if (b < 0) sum.error_value = sum.error == SCHED_BAD_QO_INDPTR ? p.qo_indptr[0] : p.kv_indptr[0];
+            else if (sum.error == SCHED_BAD_QO_INDPTR) sum.error_value = p.qo_indptr[b + 1];
+            else if (sum.error == SCHED_Q_LEN_LIMIT) sum.error_value = p.qo_indptr[b + 1] - p.qo_indptr[b];
+            else if (sum.error == SCHED_BAD_KV_INDPTR) sum.error_value = p.kv_indptr[b + 1];
+            else sum.error_value = p.kv_last_page_len ? p.kv_last_page_len[b] : g.page_size;
+            if (sum.error == SCHED_BAD_QO_INDPTR || sum.error == SCHED_BAD_KV_INDPTR) sum.error_seq = b + 1;
+            sum.batch_size = 0;  // nothing runs on a bad batch
+            *p.summary = sum;
+        }
+        return;
+    }
+
+    const int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
+    int items = 0, partials = 0, local_max = 0;
+    for (int b = b_begin; b < b_end; ++b) {
+        SeqSchedule &s = p.seqs[b];
+        s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), target, g);
+        items += s.splits * g.head_blocks;
+        if (s.splits > 1) partials += s.splits * g.head_blocks;
+        local_max = max(local_max, s.splits);
+    }
+    atomicMax(&max_splits, local_max);
+    int total_items, total_partials;
+    int item_cursor = block_exclusive_scan(items, scan_scratch, &total_items);
+    int partial_cursor = block_exclusive_scan(partials, scan_scratch, &total_partials);
+    const bool fits = total_items <= g.max_items;
+    for (int b = b_begin; b < b_end && fits; ++b) {
+        SeqSchedule s = p.seqs[b];
+        s.item_first = item_cursor;
+        s.partial_first = s.splits > 1 ? partial_cursor : -1;
+        item_cursor += s.splits * g.head_blocks;
+        if (s.splits > 1) partial_cursor += s.splits * g.head_blocks;
+        p.seqs[b] = s;
+        emit_items(b, s, g, p.items);
+    }
+    if (tid == 0) {
+        ScheduleSummary sum{};
+        sum.num_items = fits ? total_items : 0;
+        sum.num_partials = fits ? total_partials : 0;
+        sum.target_blocks = target;
+        sum.max_splits = max_splits;
+        sum.total_q = p.qo_indptr[n];
+        sum.batch_size = fits ? n : 0;
+        sum.error = fits ? SCHED_OK : SCHED_BAD_KV_INDPTR;
+        *p.summary = sum;
+    }
+}
+
+__global__ void validate_pages_kernel(const ScheduleSummary *summary, const WorkItem *items, const int32_t *kv_indices,
+                                      int32_t page_shift, int64_t num_pages, int32_t *bad) {
+    if (int(blockIdx.x) >= summary->num_items) return;
+    const WorkItem w = items[blockIdx.x];
+    if (w.kv_end <= w.kv_begin) return;
+    const int first = w.page_begin + (w.kv_begin >> page_shift);
+    const int last = w.page_begin + ((w.kv_end - 1) >> page_shift);
+    for (int slot = first + int(threadIdx.x); slot <= last; slot += blockDim.x) {
+        const int64_t page = kv_indices ? kv_indices[slot] : slot;
+        if (page < 0 || (num_pages > 0 && page >= num_pages)) {
+            if (atomicCAS(&bad[0], 0, 1) == 0) {
+                bad[1] = int32_t(page);
+                bad[2] = w.seq;
+                bad[3] = slot;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream) {
+    metadata_kernel<<<1, kMetaThreads, 0, stream>>>(p);
+    return hipGetLastError();
+}
+
+hipError_t launch_validate_pages(const ScheduleSummary *summary, const WorkItem *items, const int32_t *kv_indices,
+                                 int32_t page_shift, int64_t num_pages, int32_t max_items, int32_t *bad,
+                                 hipStream_t stream) {
+    validate_pages_kernel<<<max_items, 128, 0, stream>>>(summary, items, kv_indices, page_shift, num_pages, bad);
+    return hipGetLastError();
+}
+
+}  // namespace gpu
+}  // namespace mla

@@ -1,0 +1,116 @@
+// HIP portability shim. Kernels and host code use HIP names; on AMD they come
+// from ROCm's <hip/hip_runtime.h>, on NVIDIA this header maps the few names
+// the project uses onto the CUDA runtime (Debian's HIP NVIDIA headers do not
+// build with CUDA 13, so the project carries its own mapping).
+#pragma once
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(MLA_GPU_AMD)
+#include <hip/hip_runtime.h>
+#define MLA_WARP_SIZE 64
+#else
+#include <cuda_runtime.h>
+#define MLA_WARP_SIZE 32
+
+typedef cudaError_t hipError_t;
+typedef cudaStream_t hipStream_t;
+typedef cudaEvent_t hipEvent_t;
+typedef cudaDeviceProp hipDeviceProp_t;
+typedef cudaStreamCaptureStatus hipStreamCaptureStatus;
+typedef cudaGraph_t hipGraph_t;
+typedef cudaGraphExec_t hipGraphExec_t;
+
+#define hipSuccess cudaSuccess
+#define hipErrorInvalidValue cudaErrorInvalidValue
+#define hipErrorNoDevice cudaErrorNoDevice
+#define hipErrorInsufficientDriver cudaErrorInsufficientDriver
+#define hipGetErrorString cudaGetErrorString
+#define hipGetErrorName cudaGetErrorName
+#define hipGetLastError cudaGetLastError
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDevice cudaGetDevice
+#define hipSetDevice cudaSetDevice
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDeviceGetAttribute cudaDeviceGetAttribute
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+#define hipDeviceAttributeMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
+#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipHostMalloc(p, n, flags) cudaMallocHost(p, n)
+#define hipHostFree cudaFreeHost
+#define hipMemcpy cudaMemcpy
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemset cudaMemset
+#define hipMemsetAsync cudaMemsetAsync
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStreamCreate cudaStreamCreate
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipStreamIsCapturing cudaStreamIsCapturing
+#define hipStreamCaptureStatusNone cudaStreamCaptureStatusNone
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipStreamCaptureModeGlobal cudaStreamCaptureModeGlobal
+#define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipGraphInstantiate(exec, graph, a, b, c) cudaGraphInstantiate(exec, graph, 0)
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphExecDestroy cudaGraphExecDestroy
+#define hipGraphDestroy cudaGraphDestroy
+#define hipEventCreate cudaEventCreate
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#define hipEventDisableTiming cudaEventDisableTiming
+#define hipEventDestroy cudaEventDestroy
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipFuncSetAttribute(f, attr, v) cudaFuncSetAttribute(f, attr, v)
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define hipPointerGetAttributes cudaPointerGetAttributes
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+#endif
+
+#if defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
+// Device-side names. Warp shuffles take a full mask on NVIDIA.
+#define MLA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#elif defined(__HIPCC__) || defined(__HIP__)
+#define MLA_SHFL_XOR(v, m) __shfl_xor((v), (m))
+#ifndef __syncwarp
+#define __syncwarp() __builtin_amdgcn_wave_barrier()
+#endif
+#endif
+
+#include "../errors.h"
+
+namespace mla {
+
+// Turn a failed runtime call into a status with the call's name and error.
+inline mla_status gpu_check(hipError_t err, const char *what) {
+    if (err == hipSuccess) return MLA_SUCCESS;
+    return fail(err == 2 /* out of memory in both runtimes */ ? MLA_ERROR_OUT_OF_MEMORY : MLA_ERROR_DEVICE_RUNTIME,
+                "%s failed: %s (%s)", what, hipGetErrorName(err), hipGetErrorString(err));
+}
+
+#define MLA_GPU_TRY(call) MLA_TRY(::mla::gpu_check((call), #call))
+
+// Makes the plan's device current for a scope and restores the caller's.
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device) {
+        if (hipGetDevice(&previous_) != hipSuccess) previous_ = -1;
+        if (previous_ != device) status_ = gpu_check(hipSetDevice(device), "hipSetDevice");
+        else previous_ = -1;
+    }
+    ~DeviceGuard() {
+        if (previous_ >= 0) (void)hipSetDevice(previous_);
+    }
+    mla_status status() const { return status_; }
+
+private:
+    int previous_ = -1;
+    mla_status status_ = MLA_SUCCESS;
+};
+
+}  // namespace mla

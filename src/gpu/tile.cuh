@@ -1,0 +1,213 @@
+// Per-architecture tile primitives. The attention kernel is written once
+// against this interface; each architecture supplies the warp-level matrix
+// multiply on shared-memory bf16 tiles and the asynchronous copy.
+//
+//   Tile::kElems            accumulator elements per lane per 8-column tile
+//   Tile::row(lane, e)      row (0..15) of element e of a lane
+//   Tile::col(lane, e)      column (0..7) of element e within its 8-column tile
+//   Tile::abt<NT, K>(acc, A, lda, B, ldb)   acc[16 x 8NT] += A[16 x K] * B[8NT x K]^T
+//   Tile::ab<NT, K>(acc, A, lda, V, ldv)    acc[16 x 8NT] += A[16 x K] * V[K x 8NT]
+// All matrices are bf16 (uint16_t) in shared memory, row-major, strides in
+// elements; K is a multiple of 16.
+#pragma once
+
+#include <stdint.h>
+
+#include "../formats.h"
+#include "runtime.h"
+
+namespace mla {
+namespace gpu {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MLA_FORCE_SIMT_TILE)
+#define MLA_TILE_MMA_SYNC 1
+#endif
+
+// ---- NVIDIA sm_80+: mma.sync m16n8k16 bf16 with ldmatrix ------------------
+struct MmaSyncTile {
+    static constexpr int kElems = 4;
+    __device__ static int row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
+    __device__ static int col(int lane, int e) { return ((lane & 3) << 1) + (e & 1); }
+
+#if defined(MLA_TILE_MMA_SYNC)
+    __device__ static uint32_t smem_addr(const void *p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+    __device__ static void ldsm_x4(uint32_t (&r)[4], const void *p) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(smem_addr(p)));
+    }
+    __device__ static void ldsm_x2(uint32_t (&r)[2], const void *p) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(smem_addr(p)));
+    }
+    __device__ static void ldsm_x4_trans(uint32_t (&r)[4], const void *p) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(smem_addr(p)));
+    }
+    __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // A fragment of rows 0..15, columns k0..k0+15.
+    __device__ static void load_a(uint32_t (&a)[4], const uint16_t *A, int lda, int k0, int lane) {
+        ldsm_x4(a, A + (lane & 15) * lda + k0 + ((lane >> 4) << 3));
+    }
+#endif
+
+    template <int NT, int K>
+    __device__ static void abt(float (&acc)[NT][4], const uint16_t *A, int lda, const uint16_t *B, int ldb) {
+#if defined(MLA_TILE_MMA_SYNC)
+        // With few output tiles the K loop is a chain of dependent MMAs:
+        // spread it over kChains accumulators and add them at the end.
+        constexpr int kSteps = K / 16;
+        constexpr int kWant = NT >= 4 ? 1 : 4 / NT;
+        constexpr int kChains = kSteps % kWant == 0 ? kWant : kSteps % 3 == 0 ? 3 : kSteps % 2 == 0 ? 2 : 1;
+        const int lane = threadIdx.x & 31;
+        float part[kChains][NT][4];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[c][nt][e] = 0.0f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < K; k0 += 16 * kChains) {
+#pragma unroll
+            for (int c = 0; c < kChains; ++c) {
+                const int k = k0 + 16 * c;
+                uint32_t a[4];
+                load_a(a, A, lda, k, lane);
+#pragma unroll
+                for (int nt = 0; nt + 1 < NT; nt += 2) {
+                    // matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+                    uint32_t b[4];
+                    const int n = nt * 8 + (lane & 7) + ((lane >> 4) << 3);
+                    ldsm_x4(b, B + n * ldb + k + (((lane >> 3) & 1) << 3));
+                    mma(part[c][nt], a, b[0], b[1]);
+                    mma(part[c][nt + 1], a, b[2], b[3]);
+                }
+                if (NT & 1) {
+                    uint32_t b[2];
+                    ldsm_x2(b, B + ((NT - 1) * 8 + (lane & 7)) * ldb + k + (((lane >> 3) & 1) << 3));
+                    mma(part[c][NT - 1], a, b[0], b[1]);
+                }
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < kChains; ++c)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] += part[c][nt][e];
+#endif
+    }
+
+    template <int NT, int K>
+    __device__ static void ab(float (&acc)[NT][4], const uint16_t *A, int lda, const uint16_t *V, int ldv) {
+#if defined(MLA_TILE_MMA_SYNC)
+        static_assert(NT % 2 == 0, "ab needs an even number of 8-column tiles");
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += 16) {
+            uint32_t a[4];
+            load_a(a, A, lda, k0, lane);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                // matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15), transposed
+                uint32_t b[4];
+                const int k = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
+                ldsm_x4_trans(b, V + k * ldv + nt * 8 + ((lane >> 4) << 3));
+                mma(acc[nt], a, b[0], b[1]);
+                mma(acc[nt + 1], a, b[2], b[3]);
+            }
+        }
+#endif
+    }
+};
+
+// ---- Portable SIMT tile: plain FMAs, any warp size (AMD until MFMA lands) -----
+struct SimtTile {
+    static constexpr int kElems = 128 / MLA_WARP_SIZE;
+    __device__ static int row(int lane, int) { return lane & 15; }
+    __device__ static int col(int lane, int e) { return (lane >> 4) * kElems + e; }
+
+    template <int NT, int K>
+    __device__ static void abt(float (&acc)[NT][kElems], const uint16_t *A, int lda, const uint16_t *B, int ldb) {
+        const int lane = threadIdx.x % MLA_WARP_SIZE;
+        const uint16_t *a = A + row(lane, 0) * lda;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < kElems; ++e) {
+                const uint16_t *b = B + (nt * 8 + col(lane, e)) * ldb;
+                float sum = 0.0f;
+                for (int k = 0; k < K; ++k) sum += bf16_to_float(a[k]) * bf16_to_float(b[k]);
+                acc[nt][e] += sum;
+            }
+    }
+
+    template <int NT, int K>
+    __device__ static void ab(float (&acc)[NT][kElems], const uint16_t *A, int lda, const uint16_t *V, int ldv) {
+        const int lane = threadIdx.x % MLA_WARP_SIZE;
+        const uint16_t *a = A + row(lane, 0) * lda;
+        for (int k = 0; k < K; ++k) {
+            const float ak = bf16_to_float(a[k]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < kElems; ++e) acc[nt][e] += ak * bf16_to_float(V[k * ldv + nt * 8 + col(lane, e)]);
+        }
+    }
+};
+
+#if defined(MLA_TILE_MMA_SYNC)
+using Tile = MmaSyncTile;
+#else
+using Tile = SimtTile;
+#endif
+
+// ---- Asynchronous global -> shared copies ---------------------------------
+// 16 bytes; zero-fills the destination when !valid (src is then not read).
+__device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool valid) {
+#if defined(MLA_TILE_MMA_SYNC)
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+#else
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (valid) v = *static_cast<const uint4 *>(gmem);
+    *static_cast<uint4 *>(smem) = v;
+#endif
+}
+
+// 4 bytes from a 4-byte aligned address.
+__device__ __forceinline__ void copy4_async(void *smem, const void *gmem, bool valid) {
+#if defined(MLA_TILE_MMA_SYNC)
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+#else
+    *static_cast<uint32_t *>(smem) = valid ? *static_cast<const uint32_t *>(gmem) : 0u;
+#endif
+}
+
+__device__ __forceinline__ void async_commit() {
+#if defined(MLA_TILE_MMA_SYNC)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void async_wait() {
+#if defined(MLA_TILE_MMA_SYNC)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace gpu
+}  // namespace mla
