@@ -2,6 +2,10 @@
 // by the host C++ compiler and by a GPU compiler (nvcc or hipcc).
 #pragma once
 
+#if defined(__HIP__) || defined(__HIPCC__)
+#include <hip/hip_runtime.h>  // __host__, __device__, __forceinline__ on AMD
+#endif
+
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
 #define MLA_HD __host__ __device__ __forceinline__
 #define MLA_GPU_COMPILER 1

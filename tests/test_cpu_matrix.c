@@ -19,18 +19,25 @@
  * split count really splits.
  *
  * Tolerances (see README.md):
- *   out: |out - ref| <= 2^-9 * max|V| + 2^-7 * |ref|
+ *   out: |out - ref| <= (2^-9 + 2^-16 * smag) * max|V| + 2^-7 * |ref|
  *     The library accumulates in float32 on exactly the dequantized inputs
  *     and rounds the result to bf16 once. bf16 keeps 8 significant bits, so
  *     the rounding alone is up to 2^-8 relative: rtol 2^-7 is twice that.
  *     The output is a convex combination of V rows, so float32 errors in the
  *     scores and in the sums scale with max|V| of the visible keys (not with
  *     |out|, which can be ~0 after cancellation): atol = 2^-9 * max|V|.
- *   lse: |lse - ref| <= 1e-4 + 1e-4 * |ref| (float32 log-sum-exp).
+ *     smag = sm_scale * |q| * max|K| bounds the magnitude of the score's
+ *     float32 dot product terms; its rounding error, and so the softmax's,
+ *     scales with it (2^-16 ~ 256 ulps; only the extreme fp8 codes make it
+ *     large).
+ *   lse: |lse - ref| <= 1e-4 + 2^-16 * smag + 1e-4 * |ref|.
  *   Rows without a visible key: out exactly 0 and lse exactly -inf.
+ * Decoding is also checked bitwise (test_kv/q_decoding_exact): small decoder
+ * slips hide inside any attention tolerance.
  *
  * MLA_TEST_SEED reproduces a run; MLA_TEST_CONFIGS changes the number of
- * sampled configurations (default 56, plus 4 long ones).
+ * sampled configurations (default 56, plus 4 long ones and 4 with head
+ * counts 3, 20, 100, 127).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -395,6 +402,21 @@ static void add_long_configs(config *cfgs, int first, int n, tu_rng *rng) {
     }
 }
 
+/* Head counts that are not powers of two (1..128 are all valid): head blocks
+ * of unequal size. Other axes borrowed from sampled configs. */
+static void add_odd_heads_configs(config *cfgs, int first, int n, tu_rng *rng) {
+    static const int heads[] = {3, 20, 100, 127};
+    int i;
+    for (i = 0; i < n; ++i) {
+        config *c = &cfgs[first + i];
+        *c = cfgs[(i * 7 + 3) % first];
+        c->index = first + i;
+        c->seed = tu_next(rng);
+        c->long_seq = 0;
+        c->num_heads = heads[i % 4];
+    }
+}
+
 /* ---- fixed tests --------------------------------------------------------------- */
 
 static config *g_cfgs;
@@ -632,7 +654,7 @@ static int summary_teardown(void **state) {
 int main(void) {
     const char *env = getenv("MLA_TEST_CONFIGS");
     const int n_sampled = env && atoi(env) > 0 ? atoi(env) : 56;
-    const int n_long = 4;
+    const int n_long = 4, n_odd = 4;
     struct CMUnitTest *tests;
     tu_rng rng;
     int i, failed;
@@ -645,12 +667,13 @@ int main(void) {
     };
 
     tu_rng_init(&rng, tu_seed());
-    g_ncfg = (n_sampled < 10 ? 10 : n_sampled) + n_long;
+    g_ncfg = (n_sampled < 10 ? 10 : n_sampled) + n_long + n_odd;
     g_cfgs = (config *)calloc((size_t)g_ncfg, sizeof *g_cfgs);
     tests = (struct CMUnitTest *)calloc((size_t)g_ncfg, sizeof *tests);
     if (!g_cfgs || !tests) return 1;
-    sample_configs(g_cfgs, g_ncfg - n_long, &rng);
-    add_long_configs(g_cfgs, g_ncfg - n_long, n_long, &rng);
+    sample_configs(g_cfgs, g_ncfg - n_long - n_odd, &rng);
+    add_long_configs(g_cfgs, g_ncfg - n_long - n_odd, n_long, &rng);
+    add_odd_heads_configs(g_cfgs, g_ncfg - n_odd, n_odd, &rng);
     for (i = 0; i < g_ncfg; ++i) {
         describe(&g_cfgs[i]);
         tests[i].name = g_cfgs[i].name;

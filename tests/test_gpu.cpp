@@ -3,6 +3,8 @@
 // Exits 77 (skipped) when no GPU is usable. Otherwise runs:
 //   invalid_device        desc.device = mla_gpu_device_count() is refused
 //   auto_backend          MLA_BACKEND_AUTO resolves to the GPU
+//   decoding_exact        one key per sequence (softmax weight 1): every code of
+//                         every KV format comes out bitwise as on the CPU
 //   random_configs        >= 300 fresh random configurations (MLA_GPU_TEST_CONFIGS
 //                         changes the count): every dtype pair, heads
 //                         {16,32,64,128}, q_len {1,2,4}, page {1,16,64}, ragged
@@ -23,13 +25,17 @@
 // bytes; every row is checked, and the guards must be intact.
 //
 // Tolerance, GPU vs CPU (both float32-accumulating on the same dequantized
-// inputs): |gpu - cpu| <= 2^-7 * max|V| + 2^-6 * |cpu|. The GPU rounds the
-// softmax weights P to bf16 before the PV product: each weight carries up to
-// 2^-9 relative error, so the output moves by up to ~2^-9 * max|V| (its
-// weights sum to 1); both results are then rounded to bf16 (2^-8 relative
-// each). rtol 2^-6 covers the two bf16 roundings with margin, atol 2^-7 *
-// max|V| covers P's rounding 4x. lse: 5e-4 absolute + 5e-4 relative (fp32
-// scores and sums; fast exp2 on the GPU).
+// inputs):
+//     |gpu - cpu| <= (2^-7 + 2^-15 * smag) * max|V| + 2^-6 * |cpu|
+//     |lse_gpu - lse_cpu| <= 5e-4 + 2^-15 * smag + 5e-4 * |lse_cpu|
+// The GPU rounds the softmax weights P to bf16 before the PV product: each
+// weight carries up to 2^-9 relative error, so the output moves by up to
+// ~2^-9 * max|V| (its weights sum to 1); both results are then rounded to
+// bf16 (2^-8 relative each). rtol 2^-6 covers the two bf16 roundings with
+// margin, atol 2^-7 * max|V| covers P's rounding 4x. Both sides' scores carry
+// float32 rounding error proportional to smag = sm_scale * |q| * max|K| (see
+// reference.h), hence the 2^-15 * smag terms. The lse bound allows for fast
+// exp2 / log2 on the GPU.
 //
 // The last line is a summary: configurations, rows, failures, worst error.
 #include <mla.h>
@@ -424,6 +430,7 @@ RandomConfig draw_config(tu_rng *rng, int index) {
     c.s.q = pr.first;
     c.s.kv = pr.second;
     c.s.heads = heads[c_heads.next(rng, 4)];
+    if (tu_chance(rng, 0.05)) c.s.heads = tu_range(rng, 1, 128);  // any count 1..128 is valid
     const int q_len = qlens[c_q.next(rng, 3)];
     c.s.max_q_len = q_len;
     c.s.page = pages[c_page.next(rng, 3)];
@@ -465,6 +472,47 @@ RandomConfig draw_config(tu_rng *rng, int index) {
         for (int &len : c.kv_lens) len = len / c.s.page * c.s.page;
     c.s.max_batch = c.s.splits >= 7 || tu_chance(rng, 0.5) ? n : 0;
     return c;
+}
+
+// One key per sequence: the softmax weight is exactly 1, so out is the key's V
+// row; every code of every KV format (power-of-two fp8 scales) must come out
+// bitwise as on the CPU, for 16 heads at once.
+void test_decoding_exact() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x646563ull);
+    const mla_dtype kinds[] = {MLA_DTYPE_BF16, MLA_DTYPE_FP8_E4M3, MLA_DTYPE_FP8_E4M3_FNUZ, MLA_DTYPE_MXFP4};
+    for (mla_dtype kd : kinds) {
+        Shape s;
+        s.kv = kd;
+        s.page = 1;
+        Host h;
+        make_host(h, s, {1, 1}, {1, 1}, true, 1, &rng);
+        for (int seq = 0; seq < 2; ++seq) {
+            const size_t row = size_t(tu_batch_page(&h.b, h.b.kv_indptr[seq]));
+            unsigned char *p = h.kv.data.data + row * h.kv.row_bytes;
+            for (int d = 0; d < 576; ++d) {
+                if (kd == MLA_DTYPE_MXFP4) {
+                    if (d % 2 == 0) p[d / 2] = uint8_t(((d / 2 + seq) % 16) | ((((d / 2) * 7 + 3) % 16) << 4));
+                } else if (kd != MLA_DTYPE_BF16) {
+                    const uint8_t code = uint8_t((d + 128 * seq) % 256);
+                    p[d] = tu_fp8_is_nan(kd, code) ? 0 : code;
+                }
+            }
+            if (kd == MLA_DTYPE_MXFP4)
+                for (int k = 0; k < MLA_MXFP4_SCALES_PER_ROW; ++k)
+                    h.kv.scales.data[row * size_t(h.kv.scale_stride) + size_t(k)] = uint8_t(20 + 12 * k - seq);
+        }
+        if (kd == MLA_DTYPE_FP8_E4M3 || kd == MLA_DTYPE_FP8_E4M3_FNUZ) h.kv.kv_scale = 0.5f;
+        Dev d(h);
+        Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+        const Result g = run_gpu(gpu.p, h, d, s.heads, false, false, true, nullptr);
+        const Result c = run_cpu(cpu.p, h, s.heads, false);
+        for (size_t i = 0; i < g.out.size(); ++i)
+            REQUIRE(g.out[i] == c.out[i] || ((g.out[i] | c.out[i]) & 0x7fffu) == 0,
+                    "kv %s: row %zu element %zu: GPU 0x%04x, CPU 0x%04x", tu_dtype_name(kd), i / kDV, i % kDV,
+                    g.out[i], c.out[i]);
+        compare(strf("decoding kv %s", tu_dtype_name(kd)).c_str(), h, s, g, c);
+    }
 }
 
 void test_random_configs(int count) {
@@ -764,6 +812,7 @@ int main() {
     const std::vector<std::pair<const char *, std::function<void()>>> tests = {
         {"invalid_device", test_invalid_device},
         {"auto_backend", test_auto_backend},
+        {"decoding_exact", test_decoding_exact},
         {"random_configs", [count] { test_random_configs(count); }},
         {"device_metadata", test_device_metadata},
         {"graph_capture", test_graph_capture},

@@ -51,16 +51,14 @@ void print_header(std::FILE *f, const RunInfo &in) {
         std::fprintf(f, "streaming read bandwidth: not measured\n");
 }
 
-void print_table_header(std::FILE *f, bool gpu) {
-    (void)gpu;
+void print_table_header(std::FILE *f) {
     std::fprintf(f,
                  "\n%-6s %5s %7s %4s %2s %4s | %9s %9s %9s %9s %9s | %9s %8s %6s %7s | %11s | %s\n",
                  "kv", "batch", "kv_len", "hds", "q", "page", "exec_us", "graph_us", "g+meta", "meta_us", "dmeta_us",
                  "MB", "GB/s", "%bw", "TFLOP/s", "items/split", "check");
 }
 
-void print_row(std::FILE *f, const Row &r, bool gpu) {
-    (void)gpu;
+void print_row(std::FILE *f, const Row &r) {
     char sched[32];
     std::snprintf(sched, sizeof sched, "%d/%d", r.work_items, r.max_splits);
     std::fprintf(f, "%-6s %5d %7s %4d %2d %4d | %9s %9s %9s %9s %9s | %9s %8s %6s %7s | %11s | %s%s%s\n",

@@ -66,8 +66,8 @@ struct RunInfo {
 void derive(Row &row, double read_gbs);
 
 void print_header(std::FILE *f, const RunInfo &info);
-void print_table_header(std::FILE *f, bool gpu);
-void print_row(std::FILE *f, const Row &row, bool gpu);
+void print_table_header(std::FILE *f);
+void print_row(std::FILE *f, const Row &row);
 void print_sweep(std::FILE *f, const Row &row);
 void print_torch(std::FILE *f, const std::vector<Row> &rows);
 // Geometric means of exec (and graph) time per KV dtype over headline rows.

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -242,8 +243,19 @@ void mla_ok(mla_status st, const char *what) {
         throw Error(std::string(what) + " failed: " + mla_status_string(st) + ": " + mla_last_error_message());
 }
 
+// Destroys a plan once the work queued on the device's stream is done (a GPU
+// plan must not be destroyed under running work, even on an error path).
 struct PlanDeleter {
-    void operator()(mla_plan *p) const { mla_plan_destroy(p); }
+    Device *dev = nullptr;
+    void operator()(mla_plan *p) const {
+        if (dev) {
+            try {
+                dev->synchronize();
+            } catch (const Error &) {
+            }
+        }
+        mla_plan_destroy(p);
+    }
 };
 using PlanPtr = std::unique_ptr<mla_plan, PlanDeleter>;
 
@@ -393,10 +405,12 @@ struct HostKv {
     size_t rows = 0;
     std::vector<uint8_t> data, scales;
 
-    void ensure(const DtypeInfo &d, size_t need_rows, uint64_t seed) {
+    // At least need_rows rows of dtype d; when it must (re)generate, it makes
+    // reserve_rows so that the larger shapes that follow reuse the same pool.
+    void ensure(const DtypeInfo &d, size_t need_rows, size_t reserve_rows, uint64_t seed) {
         if (dtype == d.name && rows >= need_rows) return;
         dtype = d.name;
-        rows = need_rows;
+        rows = std::max(need_rows, reserve_rows);
         data.assign(0, 0);
         data.shrink_to_fit();
         data.resize(rows * size_t(d.row_bytes));
@@ -424,6 +438,12 @@ struct Case {
     int batch, kv_len, heads, q_len, page;
     bool ragged;
     bool base;  // part of the suite's base grid (geometric mean)
+
+    // Upper bound of the KV pool rows of this shape (ragged pages included).
+    size_t max_pool_rows() const {
+        const size_t per_seq = size_t(ragged ? 2 * kv_len : kv_len) + size_t(page);
+        return std::min(size_t(batch) * per_seq, size_t(batch) * size_t(kv_len) + size_t(batch) * size_t(page));
+    }
 };
 
 std::vector<Case> build_cases(const Options &o) {
@@ -629,8 +649,9 @@ double compare(Device &dev, const Case &c, const Layout &L, const Reference &ref
 
 class ShapeRun {
 public:
-    ShapeRun(Device &dev, const Options &o, const Case &c, HostKv &kv, uint64_t seed, int iters, int warmup)
-        : dev_(dev), o_(o), c_(c), kv_(kv), iters_(iters), warmup_(warmup), rng_(seed) {}
+    ShapeRun(Device &dev, const Options &o, const Case &c, HostKv &kv, size_t reserve_rows, uint64_t seed, int iters,
+             int warmup)
+        : dev_(dev), o_(o), c_(c), kv_(kv), reserve_rows_(reserve_rows), iters_(iters), warmup_(warmup), rng_(seed) {}
 
     Row run() {
         setup();
@@ -660,7 +681,7 @@ private:
         const std::vector<int> lens = batch_lengths(c_, rng_);
         L_ = make_layout(c_, lens, o_.shuffle_pages, rng_);
         const size_t pool_rows = size_t(L_.pages) * size_t(c_.page);
-        kv_.ensure(c_.kv, std::max<size_t>(pool_rows, 1), o_.seed);
+        kv_.ensure(c_.kv, std::max<size_t>(pool_rows, 1), reserve_rows_, o_.seed);
         kv_scale_ = c_.kv.dtype == MLA_DTYPE_FP8_E4M3 || c_.kv.dtype == MLA_DTYPE_FP8_E4M3_FNUZ
                         ? float(1.0 / raw_kv_rms(c_.kv.dtype)) : 0.0f;
         const double k_rms = kv_scale_ > 0 ? 1.0 : raw_kv_rms(c_.kv.dtype);
@@ -739,7 +760,7 @@ private:
     PlanPtr make_plan(const mla_plan_desc &d) {
         mla_plan *raw = nullptr;
         mla_ok(mla_plan_create(&d, &raw), "mla_plan_create");
-        return PlanPtr(raw);
+        return PlanPtr(raw, PlanDeleter{&dev_});
     }
 
     void build_host_metadata(mla_plan *plan) {
@@ -885,6 +906,7 @@ private:
     const Options &o_;
     Case c_;
     HostKv &kv_;
+    size_t reserve_rows_;
     int iters_, warmup_;
     Rng rng_;
     Layout L_;
@@ -1079,15 +1101,17 @@ int run(int argc, char **argv) {
     std::vector<Row> rows;
     HostKv host_kv;
     bool failed = false;
-    print_table_header(stdout, gpu);
+    print_table_header(stdout);
     Rng seeds(o.seed);
+    std::map<std::string, size_t> pool_rows;  // largest KV pool per dtype: generated once
+    for (const Case &c : cases) pool_rows[c.kv.name] = std::max(pool_rows[c.kv.name], c.max_pool_rows());
     for (const Case &c : cases) {
         const uint64_t shape_seed = seeds.next();
         try {
-            ShapeRun shape(*dev, o, c, host_kv, shape_seed, iters, warmup);
+            ShapeRun shape(*dev, o, c, host_kv, pool_rows[c.kv.name], shape_seed, iters, warmup);
             Row r = shape.run();
             derive(r, info.read_gbs);
-            print_row(stdout, r, gpu);
+            print_row(stdout, r);
             if (o.sweep) print_sweep(stdout, r);
             failed |= !r.check_ok;
             rows.push_back(std::move(r));

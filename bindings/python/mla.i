@@ -96,6 +96,17 @@ MLA_ADDRESS_TYPEMAPS(float *)
     $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
 }
 
+%feature("docstring") mla_plan_create
+"Returns [status, plan]: plan is the new mla_plan * (None on failure).";
+%feature("docstring") mla_plan_workspace_size
+"Returns [status, bytes].";
+%feature("docstring") mla_plan_backend
+"Returns [status, backend] (an MLA_BACKEND_* value).";
+%feature("docstring") mla_plan_build_metadata
+"build_metadata(plan, batch, stream) -> status; stream is an int handle or None.";
+%feature("docstring") mla_plan_execute
+"execute(plan, tensors, stream) -> status; stream is an int handle or None.";
+
 /* ---- the header itself --------------------------------------------------- */
 
 %include "mla.h"

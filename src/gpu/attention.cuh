@@ -49,7 +49,7 @@ struct AttentionShape {
 };
 
 template <int ROWS, int KV>
-__global__ void __launch_bounds__(kThreads, AttentionShape<ROWS, KV>::kMinBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = AttentionShape::kMinBlocksPerSm
     attention_kernel(const AttentionParams p) {
     using S = AttentionShape<ROWS, KV>;
     constexpr int N = S::N;
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, AttentionShape<ROWS, KV>::kMinBlocks
     float *row_alpha = row_l + ROWS;                   // rescale of this tile
     cursor += S::kStatBytes;
     kv.row_offset = reinterpret_cast<int64_t *>(cursor);
-    kv.scale_shift = cursor + N * 8;
+    kv.scale_shift = cursor + S::Kv::kStages * N * 8;
 
     const int tid = threadIdx.x, lane = tid % MLA_WARP_SIZE, warp = tid / MLA_WARP_SIZE;
     const int wm = warp % S::WM, wn = warp / S::WM;

@@ -66,18 +66,20 @@ struct KvTile {
     static constexpr int kLandingBytes = kQuantized ? kStages * N * kRawLd : kStages * N * kKvLd * 2;
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
     static constexpr int kConvertedBytes = kQuantized ? N * kKvLd * 2 : 0;
-    static constexpr int kRowMetaBytes = N * 8 + kStages * N;  // row offsets + scale misalignment
+    static constexpr int kRowMetaBytes = kStages * N * 8 + kStages * N;  // row offsets + scale misalignment
 
     uint8_t *landing;     // [kStages][N][kRawLd] or [kStages][N][kKvLd] bf16
     uint8_t *scales;      // [kStages][N][kScaleLd]
     uint16_t *converted;  // [N][kKvLd] bf16 (quantised formats)
-    int64_t *row_offset;  // [N] row index of each token of the tile being issued
+    int64_t *row_offset;  // [kStages][N] row index of each token (-1: past the end); per stage so
+                          // issuing the next tile cannot overwrite offsets still being read
     uint8_t *scale_shift; // [kStages][N] byte offset of the row's scales inside its first staged word
 
     // Issue the copies of tokens [t0, t0 + N) of a work item into stage `stage`.
     // Tokens at or past `end` are zero-filled. Contains a barrier.
     __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage) {
         const int tid = threadIdx.x;
+        int64_t *offsets = row_offset + stage * N;
         if (tid < N) {
             const int tok = t0 + tid;
             int64_t row = -1;
@@ -87,26 +89,36 @@ struct KvTile {
                 if (p.num_pages > 0) page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
                 row = (page << p.page_shift) + (tok & ((1 << p.page_shift) - 1));
             }
-            row_offset[tid] = row;
+            offsets[tid] = row;
         }
         __syncthreads();
         constexpr int kChunks = kRowBytes / 16;
         uint8_t *dst_base = landing + size_t(stage) * N * (kQuantized ? kRawLd : kKvLd * 2);
         for (int c = tid; c < N * kChunks; c += kThreads) {
             const int r = c / kChunks, ch = c - r * kChunks;
-            const int64_t row = row_offset[r];
+            const int64_t row = offsets[r];
             const uint8_t *src = p.kv + (row < 0 ? 0 : row) * kRowBytes + ch * 16;
             copy16_async(dst_base + r * (kQuantized ? kRawLd : kKvLd * 2) + ch * 16, src, row >= 0);
         }
         if (KV == MLA_DTYPE_MXFP4) {
+            // A token's 18 scale bytes start at any byte: aligned words wholly
+            // inside them go by cp.async, the partial words at either end byte
+            // by byte, so nothing outside the token's scales is read.
             for (int c = tid; c < N * 6; c += kThreads) {
                 const int r = c / 6, word = c - r * 6;
-                const int64_t row = row_offset[r];
-                const int64_t first = (row < 0 ? 0 : row) * p.scale_stride;
+                const int64_t row = offsets[r];
+                if (row < 0) continue;  // its converted values are never visible
+                const int64_t first = row * p.scale_stride;
                 const int shift = int(first & 3);
-                const bool valid = row >= 0 && word * 4 < shift + MLA_MXFP4_SCALES_PER_ROW;
-                copy4_async(scales + (stage * N + r) * kScaleLd + word * 4, p.kv_block_scales + (first - shift) + word * 4,
-                            valid);
+                const int64_t lo = first - shift + word * 4;  // this word's bytes [lo, lo + 4)
+                const int64_t end = first + MLA_MXFP4_SCALES_PER_ROW;
+                uint8_t *dst = scales + (stage * N + r) * kScaleLd + word * 4;
+                if (lo >= first && lo + 4 <= end) {
+                    copy4_async(dst, p.kv_block_scales + lo, true);
+                } else {
+                    for (int b = 0; b < 4; ++b)
+                        if (lo + b >= first && lo + b < end) dst[b] = p.kv_block_scales[lo + b];
+                }
                 if (word == 0) scale_shift[stage * N + r] = uint8_t(shift);
             }
         }

@@ -7,6 +7,8 @@
 #if defined(__HIP_PLATFORM_AMD__) || defined(MLA_GPU_AMD)
 #include <hip/hip_runtime.h>
 #define MLA_WARP_SIZE 64
+// AMD has no opt-in above the per-block LDS limit (64 KB on gfx90a/gfx942).
+#define hipDeviceAttributeMaxSharedMemoryPerBlockOptin hipDeviceAttributeMaxSharedMemoryPerBlock
 #else
 #include <cuda_runtime.h>
 #define MLA_WARP_SIZE 32

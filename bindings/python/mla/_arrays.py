@@ -287,6 +287,9 @@ def producer_stream(views: Sequence[ArrayView]) -> Optional[int]:
         if v.stream is not None:
             # CAI: 1 = the legacy default stream (NULL), 2 = per-thread default.
             return 0 if v.stream == 1 else v.stream
+        if v.framework == "dlpack":
+            # Exported by __dlpack__(stream=None): ordered on the legacy default stream.
+            return 0
         mod = type(v.obj).__module__ or ""
         if mod.startswith("cupy"):
             cupy = sys.modules.get("cupy")

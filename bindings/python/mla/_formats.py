@@ -209,6 +209,10 @@ def dequantize_mxfp4(packed, scales) -> np.ndarray:
     lo = _E2M1_VALUES[p & np.uint8(0xF)]
     hi = _E2M1_VALUES[p >> np.uint8(4)]
     vals = np.stack([lo, hi], axis=-1).reshape(p.shape[:-1] + (nb, MXFP4_BLOCK))
-    e = s[..., :nb].astype(np.int32)
-    factor = np.where(e == 255, np.float32(np.nan), np.exp2(e.astype(np.float32) - 127.0)).astype(np.float32)
+    e = s[..., :nb].astype(np.uint32)
+    # 2^(e - 127) built from its float32 bits, as the library does (e = 0 is
+    # the subnormal 2^-127, e = 255 is NaN).
+    bits = np.where(e == 0, np.uint32(0x00400000), e << np.uint32(23))
+    bits = np.where(e == 255, np.uint32(0x7FC00000), bits).astype(np.uint32)
+    factor = bits.view(np.float32)
     return (vals * factor[..., None]).reshape(p.shape[:-1] + (n,)).astype(np.float32)

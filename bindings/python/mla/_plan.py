@@ -247,6 +247,7 @@ class Plan:
         self._finalizer: Optional[weakref.finalize] = None
         self._lock = threading.Lock()
         self._meta: Optional[_Metadata] = None
+        self._dlpack_stream: Optional[int] = None  # the stream= of the call in progress, for __dlpack__
 
         self._num_heads = _int_arg(num_heads, "num_heads")
         self._q_dtype = parse_dtype(q_dtype, "q_dtype")
@@ -302,7 +303,11 @@ class Plan:
 
     def close(self) -> None:
         """Destroy the C plan (``mla_plan_destroy``), exactly once. Idempotent.
-        For a GPU plan, synchronise the streams it ran on first."""
+        For a GPU plan, synchronise the streams it ran on first.
+
+        A plan that is never closed is destroyed when it is garbage-collected
+        (or at interpreter exit), through a ``weakref.finalize`` that runs at
+        most once, so deleting a plan is always safe."""
         with self._lock:
             if self._finalizer is not None:
                 self._finalizer()  # runs _destroy at most once
@@ -315,11 +320,6 @@ class Plan:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        # weakref.finalize already destroys an unclosed plan; nothing to do
-        # here, and nothing that can fail during interpreter shutdown.
-        pass
 
     @property
     def closed(self) -> bool:
@@ -359,6 +359,7 @@ class Plan:
 
     @property
     def num_heads(self) -> int:
+        """Query heads."""
         return self._num_heads
 
     @property
@@ -373,14 +374,17 @@ class Plan:
 
     @property
     def page_size(self) -> int:
+        """Tokens per KV page."""
         return self._page_size
 
     @property
     def max_batch_size(self) -> int:
+        """Largest batch a step may have."""
         return self._max_batch_size
 
     @property
     def max_q_len(self) -> int:
+        """Largest q_len a sequence may have."""
         return self._max_q_len
 
     @property
@@ -390,26 +394,32 @@ class Plan:
 
     @property
     def logit_cap(self) -> float:
+        """The logit cap (0 = off)."""
         return self._logit_cap
 
     @property
     def num_splits(self) -> int:
+        """Forced KV splits (0 = automatic)."""
         return self._num_splits
 
     @property
     def flags(self) -> Flags:
+        """The plan's :class:`mla.Flags`."""
         return self._flags
 
     @property
     def deterministic(self) -> bool:
+        """True for batch-invariant plans."""
         return bool(self._flags & Flags.DETERMINISTIC)
 
     @property
     def device(self) -> int:
+        """GPU ordinal (GPU plans)."""
         return self._device
 
     @property
     def num_threads(self) -> int:
+        """CPU threads requested (0 = all)."""
         return self._num_threads
 
     def __repr__(self) -> str:
@@ -441,6 +451,7 @@ class Plan:
         """
         handle = self._enter()
         try:
+            self._dlpack_stream = stream_handle(stream)
             args = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_last_page_len": kv_last_page_len}
             on_device = {k: _is_device_array(v) for k, v in args.items() if v is not None}
             device_mode = any(on_device.values())
@@ -472,6 +483,8 @@ class Plan:
                 b.memory = int(Memory.HOST)
                 b.batch_size = n
                 s = stream_handle(stream)
+                if s is None and self._backend == Backend.GPU:
+                    s = self._current_stream()  # the upload is ordered before this stream's work
             else:
                 if self._backend != Backend.GPU:
                     raise DeviceMismatchError("the plan runs on the CPU: pass host arrays (e.g. NumPy) to "
@@ -499,6 +512,8 @@ class Plan:
                 s = stream_handle(stream)
                 if s is None:
                     s = producer_stream(list(views.values()))
+                if s is None:
+                    s = self._current_stream()
             self._meta = None  # the library drops its metadata when it refuses this batch
             check(core.mla_plan_build_metadata(handle, b, s), "mla_plan_build_metadata")
             if device_mode:
@@ -544,7 +559,9 @@ class Plan:
             converted for CPU plans.
         q_scale : fp8 Q: the float dequant scale (None = 1); bf16 Q: None.
         out : [total_q, num_heads, 512] bf16 output (``uint16`` bits or
-            ``bfloat16``), written; None = allocate one (zeros) like ``q``.
+            ``bfloat16``), written; None = allocate one (zeros) like ``q``
+            (NumPy, torch or CuPy; on GPUs on that framework's current
+            stream, so pass ``out`` when you pass another ``stream``).
         return_lse : also return the float32 ``[total_q, num_heads]``
             log-sum-exp of the scores (natural log; -inf where no key is
             visible).
@@ -566,6 +583,7 @@ class Plan:
         """
         handle = self._enter()
         try:
+            self._dlpack_stream = stream_handle(stream)
             return self._run(handle, q, kv, kv_scale, kv_indices, q_scale, out, return_lse or lse is not None,
                              kv_scale_stride, num_pages, stream, lse, workspace)
         finally:
@@ -575,6 +593,27 @@ class Plan:
 
     def _where(self) -> str:
         return f"GPU {self._device}" if self._backend == Backend.GPU else "the CPU"
+
+    def _current_stream(self) -> int:
+        """The stream a GPU call uses when neither ``stream=`` nor the arrays
+        name one: torch's current stream on the plan's device when torch has
+        initialised CUDA, else CuPy's current stream when CuPy is loaded, else
+        the default stream (0)."""
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_initialized():
+                    return int(torch.cuda.current_stream(self._device).cuda_stream)
+            except Exception:  # noqa: BLE001 - a torch without CUDA
+                pass
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            try:
+                with cupy.cuda.Device(self._device):
+                    return int(cupy.cuda.get_current_stream().ptr)
+            except Exception:  # noqa: BLE001
+                pass
+        return 0
 
     def _check_side(self, v: ArrayView, name: str) -> None:
         if self._backend == Backend.GPU:
@@ -588,7 +627,7 @@ class Plan:
                                       f"(e.g. NumPy)")
 
     def _device_view(self, obj: Any, name: str, dtypes: Tuple[str, ...]) -> ArrayView:
-        v = view_of(obj, name)
+        v = view_of(obj, name, self._dlpack_stream)
         self._check_side(v, name)
         if v.dtype not in dtypes:
             raise DtypeError(f"{name} has dtype {v.dtype}; expected {' or '.join(dtypes)}")
@@ -598,7 +637,7 @@ class Plan:
 
     def _array(self, obj: Any, name: str, dtypes: Tuple[str, ...], shape: Tuple[Optional[int], ...],
                what: str, writable: bool = False, contiguous: bool = True) -> ArrayView:
-        v = view_of(obj, name)
+        v = view_of(obj, name, self._dlpack_stream)
         self._check_side(v, name)
         if v.dtype not in dtypes:
             raise DtypeError(f"{name} has dtype {v.dtype}; {what} needs {' or '.join(dtypes)}")
@@ -710,7 +749,7 @@ class Plan:
             keep.append(lv)
 
         if workspace is not None:
-            wv = view_of(workspace, "workspace")
+            wv = view_of(workspace, "workspace", self._dlpack_stream)
             self._check_side(wv, "workspace")
             if not is_c_contiguous(wv.shape, wv.strides):
                 raise LayoutError("workspace is not contiguous")
@@ -738,6 +777,8 @@ class Plan:
             s = stream_handle(stream)
             if s is None and self._backend == Backend.GPU:
                 s = producer_stream(keep)
+                if s is None:
+                    s = self._current_stream()
             check(core.mla_plan_execute(handle, t, s), "mla_plan_execute")
         del keep
         return (out, lse) if want_lse else out

@@ -301,3 +301,17 @@ def test_plans_on_threads_concurrently(rng):
     assert not errors and len(results) == 15
     for r in results:
         assert_close(r, None, *ref)
+
+
+def test_torch_cpu_tensors(rng):
+    torch = pytest.importorskip("torch")
+    batch = make_batch(rng, kv_lens=[50, 3], q_lens=[1, 1], page_size=16)
+    q, _, kv, scale = random_inputs(rng, batch, 16, "bf16", "fp8")
+    with mla.Plan(16, kv_dtype="fp8", page_size=16, backend="cpu") as plan:
+        plan.build_metadata(torch.from_numpy(batch.qo_indptr), torch.from_numpy(batch.kv_indptr),
+                            torch.from_numpy(batch.kv_last_page_len))
+        a = plan.run(q, kv, kv_scale=scale, kv_indices=batch.kv_indices)
+        tq = torch.from_numpy(q.view(np.int16)).view(torch.bfloat16)
+        b = plan.run(tq, torch.from_numpy(kv), kv_scale=scale, kv_indices=torch.from_numpy(batch.kv_indices))
+    assert b.dtype == torch.bfloat16
+    assert np.array_equal(a, b.view(torch.int16).numpy().view(np.uint16))
