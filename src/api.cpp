@@ -34,9 +34,22 @@ mla_status read_struct(const T *in, T *out, const char *name) {
     return MLA_SUCCESS;
 }
 
-bool is_fp8(mla_dtype d) { return d == MLA_DTYPE_FP8_E4M3 || d == MLA_DTYPE_FP8_E4M3_FNUZ; }
+// The enum fields of the caller's structs (dtypes, backend, memory) are read
+// as the int they hold: a C caller can store any int there, and loading a
+// value outside the enumerators' range through the C++ enum type is undefined
+// behaviour (UBSan -fsanitize=enum reports it). Only validated values are
+// converted back to the enum type.
+template <typename E>
+int32_t enum_int(const E &field) {
+    static_assert(sizeof(E) == sizeof(int32_t), "libmla enums are int-sized");
+    int32_t v;
+    std::memcpy(&v, &field, sizeof v);
+    return v;
+}
 
-const char *dtype_name(mla_dtype d) {
+bool is_fp8(int32_t d) { return d == MLA_DTYPE_FP8_E4M3 || d == MLA_DTYPE_FP8_E4M3_FNUZ; }
+
+const char *dtype_name(int32_t d) {
     switch (d) {
         case MLA_DTYPE_DEFAULT: return "DEFAULT";
         case MLA_DTYPE_BF16: return "BF16";
@@ -44,8 +57,8 @@ const char *dtype_name(mla_dtype d) {
         case MLA_DTYPE_FP8_E4M3_FNUZ: return "FP8_E4M3_FNUZ";
         case MLA_DTYPE_MXFP4: return "MXFP4";
         case MLA_DTYPE_FLOAT32: return "FLOAT32";
+        default: return "unknown";
     }
-    return "unknown";
 }
 
 mla_status resolve_config(const mla_plan_desc &d, PlanConfig &c) {
@@ -57,21 +70,24 @@ mla_status resolve_config(const mla_plan_desc &d, PlanConfig &c) {
     if (d.head_dim_v != 0 && d.head_dim_v != MLA_HEAD_DIM_V)
         return fail(MLA_ERROR_INVALID_VALUE, "desc->head_dim_v = %d; only %d is supported", d.head_dim_v,
                     MLA_HEAD_DIM_V);
-    c.q_dtype = d.q_dtype == MLA_DTYPE_DEFAULT ? MLA_DTYPE_BF16 : d.q_dtype;
-    c.kv_dtype = d.kv_dtype == MLA_DTYPE_DEFAULT ? MLA_DTYPE_BF16 : d.kv_dtype;
-    if (c.q_dtype != MLA_DTYPE_BF16 && !is_fp8(c.q_dtype))
+    const int32_t q_in = enum_int(d.q_dtype), kv_in = enum_int(d.kv_dtype), out_in = enum_int(d.out_dtype);
+    const int32_t q_dtype = q_in == MLA_DTYPE_DEFAULT ? MLA_DTYPE_BF16 : q_in;
+    const int32_t kv_dtype = kv_in == MLA_DTYPE_DEFAULT ? MLA_DTYPE_BF16 : kv_in;
+    if (q_dtype != MLA_DTYPE_BF16 && !is_fp8(q_dtype))
         return fail(MLA_ERROR_UNSUPPORTED_DTYPE, "desc->q_dtype = %s (%d); Q must be BF16, FP8_E4M3 or FP8_E4M3_FNUZ",
-                    dtype_name(c.q_dtype), int(d.q_dtype));
-    if (c.kv_dtype != MLA_DTYPE_BF16 && !is_fp8(c.kv_dtype) && c.kv_dtype != MLA_DTYPE_MXFP4)
+                    dtype_name(q_dtype), int(q_in));
+    if (kv_dtype != MLA_DTYPE_BF16 && !is_fp8(kv_dtype) && kv_dtype != MLA_DTYPE_MXFP4)
         return fail(MLA_ERROR_UNSUPPORTED_DTYPE,
                     "desc->kv_dtype = %s (%d); KV must be BF16, FP8_E4M3, FP8_E4M3_FNUZ or MXFP4",
-                    dtype_name(c.kv_dtype), int(d.kv_dtype));
-    if (is_fp8(c.q_dtype) && is_fp8(c.kv_dtype) && c.q_dtype != c.kv_dtype)
+                    dtype_name(kv_dtype), int(kv_in));
+    if (is_fp8(q_dtype) && is_fp8(kv_dtype) && q_dtype != kv_dtype)
         return fail(MLA_ERROR_UNSUPPORTED_DTYPE, "desc->q_dtype = %s with kv_dtype = %s: the FP8 flavours must match",
-                    dtype_name(c.q_dtype), dtype_name(c.kv_dtype));
-    if (d.out_dtype != MLA_DTYPE_DEFAULT && d.out_dtype != MLA_DTYPE_BF16)
+                    dtype_name(q_dtype), dtype_name(kv_dtype));
+    if (out_in != MLA_DTYPE_DEFAULT && out_in != MLA_DTYPE_BF16)
         return fail(MLA_ERROR_UNSUPPORTED_DTYPE, "desc->out_dtype = %s (%d); only BF16 output is supported",
-                    dtype_name(d.out_dtype), int(d.out_dtype));
+                    dtype_name(out_in), int(out_in));
+    c.q_dtype = mla_dtype(q_dtype);
+    c.kv_dtype = mla_dtype(kv_dtype);
     c.page_size = d.page_size == 0 ? 1 : d.page_size;
     if (c.page_size < 1 || c.page_size > MLA_MAX_PAGE_SIZE || (c.page_size & (c.page_size - 1)) != 0)
         return fail(MLA_ERROR_INVALID_VALUE, "desc->page_size = %d is not a power of two in 1..%d", d.page_size,
@@ -95,9 +111,10 @@ mla_status resolve_config(const mla_plan_desc &d, PlanConfig &c) {
     if (d.flags & ~known)
         return fail(MLA_ERROR_INVALID_VALUE, "desc->flags = 0x%x has unknown bits 0x%x", d.flags, d.flags & ~known);
     c.flags = d.flags;
-    if (d.backend != MLA_BACKEND_AUTO && d.backend != MLA_BACKEND_CPU && d.backend != MLA_BACKEND_GPU)
-        return fail(MLA_ERROR_INVALID_VALUE, "desc->backend = %d is not an mla_backend", int(d.backend));
-    c.backend = d.backend;
+    const int32_t backend = enum_int(d.backend);
+    if (backend != MLA_BACKEND_AUTO && backend != MLA_BACKEND_CPU && backend != MLA_BACKEND_GPU)
+        return fail(MLA_ERROR_INVALID_VALUE, "desc->backend = %d is not an mla_backend", int(backend));
+    c.backend = mla_backend(backend);
     if (d.device < 0) return fail(MLA_ERROR_INVALID_DEVICE, "desc->device = %d is negative", d.device);
     c.device = d.device;
     if (d.num_threads < 0 || d.num_threads > 1024)
@@ -276,8 +293,9 @@ MLA_API mla_status mla_plan_build_metadata(mla_plan *plan, const mla_batch *batc
                     batch.batch_size, plan->config.max_batch_size);
     if (!batch.qo_indptr) return fail(MLA_ERROR_NULL_POINTER, "batch->qo_indptr is NULL");
     if (!batch.kv_indptr) return fail(MLA_ERROR_NULL_POINTER, "batch->kv_indptr is NULL");
-    if (batch.memory != MLA_MEMORY_HOST && batch.memory != MLA_MEMORY_DEVICE)
-        return fail(MLA_ERROR_INVALID_VALUE, "batch->memory = %d is not an mla_memory", int(batch.memory));
+    const int32_t memory = enum_int(batch.memory);
+    if (memory != MLA_MEMORY_HOST && memory != MLA_MEMORY_DEVICE)
+        return fail(MLA_ERROR_INVALID_VALUE, "batch->memory = %d is not an mla_memory", int(memory));
     if (batch.memory == MLA_MEMORY_DEVICE && plan->config.backend == MLA_BACKEND_CPU)
         return fail(MLA_ERROR_INVALID_VALUE, "batch->memory = MLA_MEMORY_DEVICE, but the plan runs on the CPU");
 
