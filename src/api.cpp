@@ -283,9 +283,12 @@ MLA_API mla_status mla_plan_create(const mla_plan_desc *desc_in, mla_plan **out)
 MLA_API mla_status mla_plan_build_metadata(mla_plan *plan, const mla_batch *batch_in, void *stream) {
     clear_error();
     if (!plan) return fail(MLA_ERROR_NULL_POINTER, "plan is NULL");
+    // Any refusal leaves the plan without metadata (also a NULL batch or a bad
+    // struct_size): executing the previous step's schedule with this step's
+    // tensors could read and write outside them.
+    plan->has_metadata = false;
     mla_batch batch;
     MLA_TRY(read_struct(batch_in, &batch, "batch"));
-    plan->has_metadata = false;
     if (batch.batch_size < 0)
         return fail(MLA_ERROR_INVALID_VALUE, "batch->batch_size = %d is negative", batch.batch_size);
     if (batch.batch_size > plan->config.max_batch_size)

@@ -1,7 +1,9 @@
 #include "errors.h"
 
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 namespace {
 thread_local char g_message[512] = "";
@@ -23,7 +25,11 @@ void clear_error() { g_message[0] = '\0'; }
 
 extern "C" MLA_API const char *mla_last_error_message(void) { return g_message; }
 
-extern "C" MLA_API const char *mla_status_string(mla_status status) {
+extern "C" MLA_API const char *mla_status_string(mla_status status_in) {
+    // A C caller may pass any int: read it as one, not as the C++ enum.
+    static_assert(sizeof(mla_status) == sizeof(int32_t), "mla_status is an int");
+    int32_t status;
+    std::memcpy(&status, &status_in, sizeof status);
     switch (status) {
         case MLA_SUCCESS: return "MLA_SUCCESS";
         case MLA_ERROR_NULL_POINTER: return "MLA_ERROR_NULL_POINTER";

@@ -155,9 +155,13 @@ private:
         uint16_t *out = static_cast<uint16_t *>(t.out);
         for (int32_t r = 0; r < rows; ++r) {
             const int32_t tok = w.q_begin + r / nh, h = h0 + r % nh;
+            // l == 0 exactly when the row has no visible key. A NaN or inf in
+            // a visible key (an E8M0 255 scale, an fp8 NaN code, an overflowing
+            // dequant) makes l NaN: out and lse are then NaN as well, never the
+            // 0 / -inf of an empty row, which would hide it.
             const float l = sc.l[size_t(r)];
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            const float lse = l > 0.0f ? sc.m[size_t(r)] + std::log(l) : kNegInf;
+            const float inv = l != 0.0f ? 1.0f / l : 0.0f;
+            const float lse = l != 0.0f ? sc.m[size_t(r)] + std::log(l) : kNegInf;
             const float *acc = &sc.acc[size_t(r) * kDimV];
             if (w.partial_slot < 0) {
                 uint16_t *o = out + (size_t(tok) * cfg_.num_heads + size_t(h)) * kDimV;
@@ -186,8 +190,13 @@ private:
         const size_t lse_off = size_t(geometry_.rows_per_item) * kDimV;
         float acc[kDimV];
         for (int32_t r = 0; r < rows; ++r) {
+            // Largest split LSE; a NaN one (a split that met a non-finite key)
+            // wins, so the NaN reaches out and lse as it does without splits.
             float m = kNegInf;
-            for (int32_t k = 0; k < s.splits; ++k) m = std::max(m, partial_slot(partials, first + k)[lse_off + size_t(r)]);
+            for (int32_t k = 0; k < s.splits; ++k) {
+                const float x = partial_slot(partials, first + k)[lse_off + size_t(r)];
+                if (x > m || std::isnan(x)) m = std::isnan(m) ? m : x;
+            }
             const int32_t tok = s.q_begin + r / nh, h = h0 + r % nh;
             uint16_t *o = static_cast<uint16_t *>(t.out) + (size_t(tok) * cfg_.num_heads + size_t(h)) * kDimV;
             float *lse_out = t.lse ? &t.lse[size_t(tok) * cfg_.num_heads + size_t(h)] : nullptr;

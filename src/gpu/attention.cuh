@@ -163,6 +163,7 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
             }
 #pragma unroll
             for (int off = S::kRowThreads / 2; off > 0; off >>= 1) sum += MLA_SHFL_XOR(sum, off);
+            __syncwarp();  // every lane of the row has read row_m before lane 0 rewrites it
             if (tid % S::kRowThreads == 0) {
                 row_m[r] = m_new;
                 row_l[r] = row_l[r] * alpha + sum;

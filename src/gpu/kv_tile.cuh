@@ -107,12 +107,18 @@ struct KvTile {
             for (int c = tid; c < N * 6; c += kThreads) {
                 const int r = c / 6, word = c - r * 6;
                 const int64_t row = offsets[r];
-                if (row < 0) continue;  // its converted values are never visible
+                uint8_t *dst = scales + (stage * N + r) * kScaleLd + word * 4;
+                if (row < 0) {
+                    // Past the end: zero scales, so the zero-filled values decode
+                    // to 0 (a stale NaN scale would turn 0 * V into NaN in P.V).
+                    copy4_async(dst, p.kv_block_scales, false);
+                    if (word == 0) scale_shift[stage * N + r] = 0;
+                    continue;
+                }
                 const int64_t first = row * p.scale_stride;
                 const int shift = int(first & 3);
                 const int64_t lo = first - shift + word * 4;  // this word's bytes [lo, lo + 4)
                 const int64_t end = first + MLA_MXFP4_SCALES_PER_ROW;
-                uint8_t *dst = scales + (stage * N + r) * kScaleLd + word * 4;
                 if (lo >= first && lo + 4 <= end) {
                     copy4_async(dst, p.kv_block_scales + lo, true);
                 } else {

@@ -58,6 +58,6 @@ for s in tests/reference.c tests/testutil.c; do
     "$CLANG" $c_flags -D_POSIX_C_SOURCE=200809L -c "$root/$s" -o "$o"
     objs="$objs $o"
 done
-"$CLANG" $c_flags -D_POSIX_C_SOURCE=200809L -fsanitize=fuzzer -c "$here/fuzz_api.c" -o "$out/obj/fuzz_api.o"
+"$CLANG" $c_flags -fsanitize=fuzzer -c "$here/fuzz_api.c" -o "$out/obj/fuzz_api.o"
 "$CLANGXX" $san -fsanitize=fuzzer -pthread "$out/obj/fuzz_api.o" $objs -lm -o "$out/fuzz_api"
 echo "fuzz/build.sh: built $out/fuzz_api with $CLANG"

@@ -41,6 +41,7 @@
  * The same file built with -DMLA_FUZZ_REPLAY_MAIN (tests/fuzz/replay.c)
  * replays the committed corpus in the normal test suite.
  */
+#define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -56,7 +57,7 @@
 #define DV MLA_HEAD_DIM_V
 
 /* Bounds that keep one input cheap. */
-#define WORK_BUDGET 16000     /* sum over sequences of q_len * heads * kv_len */
+#define WORK_BUDGET 10000     /* sum over sequences of q_len * heads * kv_len */
 #define MAX_ROWS_ALLOC 12288  /* KV rows (pages * page_size) the harness allocates */
 #define MAX_TABLE 65536       /* explicit page-table entries the harness allocates */
 #define MAX_WORKSPACE_EST (16u << 20)
