@@ -47,6 +47,7 @@
 
 #include "devmem.h"
 #include "reference.h"
+#include "gpu_harness.h"
 #include "testutil.h"
 
 #if !defined(DM_HAVE_GPU)
@@ -73,32 +74,8 @@ const tu_tol kTol = {0x1p-6, 0x1p-7, 5e-4, 5e-4, 0x1p-15};
 
 // ---- harness ------------------------------------------------------------------
 
-struct Failure : std::runtime_error {
-    explicit Failure(const std::string &w) : std::runtime_error(w) {}
-};
-
-std::string strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string strf(const char *fmt, ...) {
-    char buf[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return buf;
-}
-
-#define REQUIRE(cond, ...)                                                                      \
-    do {                                                                                        \
-        if (!(cond)) throw Failure(strf("%s:%d: ", __FILE__, __LINE__) + strf(__VA_ARGS__)); \
-    } while (0)
-
-#define MLA_CHECK(call)                                                                                          \
-    do {                                                                                                         \
-        const mla_status st_ = (call);                                                                           \
-        if (st_ != MLA_SUCCESS)                                                                                  \
-            throw Failure(strf("%s:%d: %s: %s: %s", __FILE__, __LINE__, #call, mla_status_string(st_),        \
-                               mla_last_error_message()));                                                       \
-    } while (0)
+using gpu_harness::Failure;
+using gpu_harness::strf;
 
 struct Stats {
     int cases = 0;
