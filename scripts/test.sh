@@ -21,7 +21,11 @@ stage() {  # stage NAME COMMAND...
 }
 
 main_build() {
-    [ -f build-test/build.ninja ] || meson setup build-test -Dpython=enabled -Dpython_exe=$py >/dev/null || return 1
+    # With nvcc present the NVIDIA build is required (a broken toolkit fails
+    # here instead of silently dropping the GPU compile check).
+    local gpu=auto
+    command -v nvcc >/dev/null 2>&1 && gpu=nvidia
+    [ -f build-test/build.ninja ] || meson setup build-test -Dgpu=$gpu -Dpython=enabled -Dpython_exe=$py >/dev/null || return 1
     ninja -C build-test
 }
 main_tests() { meson test -C build-test --print-errorlogs --num-processes 2; }
