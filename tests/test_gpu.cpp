@@ -20,7 +20,13 @@
 //   determinism           MLA_FLAG_DETERMINISTIC: a sequence is bitwise identical
 //                         alone, in other batches, and across runs
 //   validate_device_inputs  MLA_FLAG_VALIDATE_DEVICE_INPUTS reports bad
-//                         device-resident metadata / page indices
+//                         device-resident indptr / last_page_len / page indices
+//                         (explicit and identity tables) with a status
+//   long_sequence         one sequence of 1,000,000 tokens (bf16) and of
+//                         1,000,007 tokens (mxfp4, q_len 2)
+//   large_pool            the batch's pages past 4.5 GiB of a larger pool
+//                         (64-bit offsets), bf16 / fp8 / mxfp4
+// MLA_GPU_TEST_ONLY=a,b runs only the named tests.
 // Outputs are poisoned (0xff bytes = bf16 / f32 NaN) and surrounded by guard
 // bytes; every row is checked, and the guards must be intact.
 //
@@ -262,16 +268,17 @@ mla_batch batch_for(const Host &h, const Dev *dev, bool null_last) {
     return b;
 }
 
-Result run_gpu(mla_plan *plan, const Host &h, const Dev &d, int heads, bool device_meta, bool null_last,
-               bool use_lse, dm::stream_t stream) {
+// Metadata for batch b, then one execute with tensors t (out / lse filled in
+// here: poisoned, guarded, fetched and checked).
+Result run_gpu_tensors(mla_plan *plan, const Host &h, const mla_batch &b, mla_tensors t, int heads, bool use_lse,
+                       dm::stream_t stream) {
     const size_t rows = h.rows(heads);
     DevOut out(rows * kDV * 2 + 16), lse(rows * 4 + 16);
     out.poison();
     lse.poison();
-    const mla_batch b = batch_for(h, device_meta ? &d : nullptr, null_last);
     MLA_CHECK(mla_plan_build_metadata(plan, &b, stream));
-    const mla_tensors t = tensors_for(h, d.q.get(), d.kv.get(), d.scales.get(), d.indices.as<int32_t>(), out.data(),
-                                      use_lse ? static_cast<float *>(lse.data()) : nullptr);
+    t.out = out.data();
+    t.lse = use_lse ? static_cast<float *>(lse.data()) : nullptr;
     MLA_CHECK(mla_plan_execute(plan, &t, stream));
     dm::stream_sync(stream);
     dm::device_sync();
@@ -288,6 +295,14 @@ Result run_gpu(mla_plan *plan, const Host &h, const Dev &d, int heads, bool devi
                 "lse was NULL but the lse buffer changed");
     }
     return r;
+}
+
+Result run_gpu(mla_plan *plan, const Host &h, const Dev &d, int heads, bool device_meta, bool null_last,
+               bool use_lse, dm::stream_t stream) {
+    const mla_batch b = batch_for(h, device_meta ? &d : nullptr, null_last);
+    const mla_tensors t =
+        tensors_for(h, d.q.get(), d.kv.get(), d.scales.get(), d.indices.as<int32_t>(), nullptr, nullptr);
+    return run_gpu_tensors(plan, h, b, t, heads, use_lse, stream);
 }
 
 Result run_cpu(mla_plan *plan, const Host &h, int heads, bool null_last) {
@@ -770,7 +785,119 @@ void test_validate_device_inputs() {
                                       nullptr);
     st = mla_plan_execute(gpu.p, &t, nullptr);
     REQUIRE(st == MLA_ERROR_DEVICE_VALIDATION_FAILED, "bad device page index: got %s", mla_status_string(st));
+    dm::h2d(d.indices.get(), h.b.kv_indices, size_t(h.b.num_pages) * 4);
+
+    // Inconsistent device-resident indptr arrays: each is refused by
+    // build_metadata, and the plan keeps working once they are repaired.
+    struct Corruption {
+        const char *what;
+        dm::buffer *array;
+        int index;
+        int32_t value;
+    };
+    const Corruption corrupt[] = {
+        {"kv_indptr decreasing", &d.kvp, 2, h.b.kv_indptr[1] - 1},
+        {"qo_indptr decreasing", &d.qo, 2, h.b.qo_indptr[1] - 1},
+        {"qo_indptr step above max_q_len", &d.qo, 3, h.b.qo_indptr[2] + s.max_q_len + 1},
+        {"kv_indptr[0] negative", &d.kvp, 0, -5},
+    };
+    for (const Corruption &c : corrupt) {
+        int32_t saved;
+        dm::d2h(&saved, c.array->as<int32_t>() + c.index, 4);
+        dm::h2d(c.array->as<int32_t>() + c.index, &c.value, 4);
+        st = mla_plan_build_metadata(gpu.p, &b, nullptr);
+        REQUIRE(st == MLA_ERROR_DEVICE_VALIDATION_FAILED, "%s: got %s (%s)", c.what, mla_status_string(st),
+                mla_last_error_message());
+        dm::h2d(c.array->as<int32_t>() + c.index, &saved, 4);
+    }
+    compare("validated run after repairs", h, s, run_gpu(gpu.p, h, d, s.heads, true, false, true, nullptr),
+            run_cpu(cpu.p, h, s.heads, false));
+
+    // Identity page table whose device kv_indptr runs past num_pages: the
+    // pages-in-range check of execute catches it.
+    Shape si = s;
+    Host hi;
+    make_host(hi, si, {1, 1}, {100, 70}, false, 0, &rng);
+    Dev di(hi);
+    Plan gi(si, MLA_BACKEND_GPU);
+    const int32_t past_end = hi.b.kv_indptr[2] + 3;
+    dm::h2d(di.kvp.as<int32_t>() + 2, &past_end, 4);
+    const mla_batch bi = batch_for(hi, &di, false);
+    MLA_CHECK(mla_plan_build_metadata(gi.p, &bi, nullptr));
+    DevOut oi(hi.rows(si.heads) * kDV * 2);
+    oi.poison();
+    const mla_tensors ti = tensors_for(hi, di.q.get(), di.kv.get(), di.scales.get(), nullptr, oi.data(), nullptr);
+    st = mla_plan_execute(gi.p, &ti, nullptr);
+    REQUIRE(st == MLA_ERROR_DEVICE_VALIDATION_FAILED, "identity table past num_pages: got %s", mla_status_string(st));
     dm::device_sync();
+}
+
+
+// A single sequence of a million tokens (DESIGN: no length limit beyond
+// int32), in two formats: bf16 in 64-token pages, and mxfp4 in 1-token pages
+// with q_len 2 and a partial last tile.
+void test_long_sequence() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x6c6f6e67ull);
+    struct Case {
+        mla_dtype kv;
+        int page, q_len, kv_len;
+    };
+    const Case cases[] = {{MLA_DTYPE_BF16, 64, 1, 1000000}, {MLA_DTYPE_MXFP4, 1, 2, 1000007}};
+    for (const Case &c : cases) {
+        Shape s;
+        s.kv = c.kv;
+        s.page = c.page;
+        s.max_q_len = c.q_len;
+        Host h;
+        make_host(h, s, {c.q_len}, {c.kv_len}, true, 1, &rng);
+        Dev d(h);
+        Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+        const std::string name = strf("long sequence: %s kv_len=%d", s.name().c_str(), c.kv_len);
+        compare(name.c_str(), h, s, run_gpu(gpu.p, h, d, s.heads, false, false, true, nullptr),
+                run_cpu(cpu.p, h, s.heads, false));
+        g_stats.max_kv = std::max(g_stats.max_kv, c.kv_len);
+    }
+}
+
+// Total KV above 4 GiB: the batch's pages are placed past the 4.5 GiB mark of
+// a larger pool (only they are written), so every page and scale offset needs
+// 64 bits. The CPU backend computes the same batch from the compact host copy.
+void test_large_pool() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x706f6f6cull);
+    const mla_dtype kinds[] = {MLA_DTYPE_BF16, MLA_DTYPE_FP8_E4M3, MLA_DTYPE_MXFP4};
+    for (mla_dtype kd : kinds) {
+        Shape s;
+        s.kv = kd;
+        s.page = 64;
+        s.max_q_len = 2;
+        Host h;
+        make_host(h, s, {1, 2, 1, 2}, {3000, 517, 1, 4100}, true, 2, &rng);
+        const size_t page_bytes = size_t(s.page) * h.kv.row_bytes;
+        const int64_t offset_pages = int64_t((size_t(9) << 29) / page_bytes) + 1;  // 4.5 GiB
+        const int64_t pool_pages = offset_pages + h.b.num_pages;
+        REQUIRE(pool_pages <= INT32_MAX, "pool of %lld pages", (long long)pool_pages);
+        dm::buffer pool(size_t(pool_pages) * page_bytes);
+        dm::h2d(pool.as<unsigned char>() + size_t(offset_pages) * page_bytes, h.kv.data.data, h.kv.data.size);
+        const size_t page_scale_bytes = size_t(s.page) * size_t(h.kv.scale_stride);
+        dm::buffer scales(kd == MLA_DTYPE_MXFP4 ? size_t(pool_pages) * page_scale_bytes : 16);
+        if (kd == MLA_DTYPE_MXFP4)
+            dm::h2d(scales.as<unsigned char>() + size_t(offset_pages) * page_scale_bytes, h.kv.scales.data,
+                    h.kv.scales.size);
+        std::vector<int32_t> moved(h.b.kv_indices, h.b.kv_indices + h.b.total_pages);
+        for (int32_t &page : moved) page += int32_t(offset_pages);
+        dm::buffer indices(moved.data(), moved.size() * 4);
+        Dev d(h);  // q and the batch arrays
+        mla_tensors t = tensors_for(h, d.q.get(), pool.get(), scales.get(), indices.as<int32_t>(), nullptr, nullptr);
+        t.num_pages = pool_pages;
+        Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+        const std::string name =
+            strf("large pool: %s, pages at byte %.2f GiB", s.name().c_str(),
+                 double(offset_pages) * double(page_bytes) / double(size_t(1) << 30));
+        compare(name.c_str(), h, s, run_gpu_tensors(gpu.p, h, batch_for(h, &d, false), t, s.heads, true, nullptr),
+                run_cpu(cpu.p, h, s.heads, false));
+    }
 }
 
 }  // namespace
@@ -795,9 +922,20 @@ int main() {
         {"graph_capture", test_graph_capture},
         {"determinism", test_determinism},
         {"validate_device_inputs", test_validate_device_inputs},
+        {"long_sequence", test_long_sequence},
+        {"large_pool", test_large_pool},
     };
-    int failed = 0;
+    // MLA_GPU_TEST_ONLY=name,name runs a subset (e.g. under compute-sanitizer).
+    const char *only = std::getenv("MLA_GPU_TEST_ONLY");
+    auto selected = [only](const char *name) {
+        if (!only || !*only) return true;
+        const std::string list = std::string(",") + only + ",";
+        return list.find(std::string(",") + name + ",") != std::string::npos;
+    };
+    int failed = 0, ran = 0;
     for (const auto &t : tests) {
+        if (!selected(t.first)) continue;
+        ++ran;
         std::printf("[ RUN      ] %s\n", t.first);
         std::fflush(stdout);
         try {
@@ -810,12 +948,16 @@ int main() {
         }
         std::fflush(stdout);
     }
-    std::printf("test_gpu summary: %d/%zu tests passed; %d random configs (%d failed, %d dtype pairs, batch <= %d, "
+    std::printf("test_gpu summary: %d/%d tests passed; %d random configs (%d failed, %d dtype pairs, batch <= %d, "
                 "kv_len <= %d), %zu rows checked; worst out error %.3f of tolerance (|err| %.3g, %s), worst |lse err| "
                 "%.3g\n",
-                int(tests.size()) - failed, tests.size(), g_stats.configs, g_stats.failed, g_stats.pairs_seen,
+                ran - failed, ran, g_stats.configs, g_stats.failed, g_stats.pairs_seen,
                 g_stats.max_batch, g_stats.max_kv, g_stats.rows, g_stats.worst_ratio, g_stats.worst_abs,
                 g_stats.worst_where.empty() ? "-" : g_stats.worst_where.c_str(), g_stats.worst_lse);
+    if (ran == 0) {
+        std::printf("test_gpu: MLA_GPU_TEST_ONLY=%s names no test\n", only);
+        return 1;
+    }
     return failed ? 1 : 0;
 }
 

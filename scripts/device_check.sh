@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# libmla's checks on a GPU machine, in stages that fit one call each:
+#   scripts/device_check.sh BUILD_DIR OUT_DIR STAGE...
+# STAGE is one of
+#   tests       the whole GPU suite (tests/test_gpu: >= 300 random configs, graph
+#               capture, determinism, validation, 1M tokens, > 4 GiB pool)
+#   sanitizers  compute-sanitizer memcheck, racecheck and initcheck over subsets
+#               of the suite (sanitizers make the kernels 10-100x slower)
+#   bench       tools/mla-bench: headline suite, JSON, PyTorch comparison, plot
+#   python      the pytest suite (CPU and torch CUDA tensors) with this
+#               machine's Python: compiles BUILD_DIR's SWIG wrapper for it first
+# BUILD_DIR comes from scripts/device_prep.sh. Each stage writes
+# OUT_DIR/<stage>*.log; the last line is "N passed, N failed" (stages).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+build=$(cd "$1" && pwd); out=$2; shift 2
+mkdir -p "$out"
+export PATH="$PATH:/usr/local/cuda/bin"
+passed=0; failed=0
+
+run_logged() {  # run_logged LOG COMMAND...: output to LOG, tail to stdout
+    local log=$1; shift
+    echo "---- $* > $(basename "$log")"
+    local t0=$SECONDS
+    "$@" > "$log" 2>&1
+    local rc=$?
+    tail -n 6 "$log"
+    echo "---- rc=$rc in $((SECONDS - t0)) s"
+    return $rc
+}
+
+stage_tests() { run_logged "$out/test_gpu.log" "$build/tests/test_gpu"; }
+
+stage_sanitizers() {
+    local cs ok=0
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    MLA_GPU_TEST_CONFIGS=6 run_logged "$out/memcheck.log" \
+        "$cs" --tool memcheck --error-exitcode 3 --leak-check full "$build/tests/test_gpu" || ok=1
+    MLA_GPU_TEST_CONFIGS=2 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,graph_capture,validate_device_inputs \
+        run_logged "$out/racecheck.log" "$cs" --tool racecheck --error-exitcode 3 "$build/tests/test_gpu" || ok=1
+    MLA_GPU_TEST_CONFIGS=4 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,device_metadata,graph_capture,large_pool \
+        run_logged "$out/initcheck.log" "$cs" --tool initcheck --error-exitcode 3 "$build/tests/test_gpu" || ok=1
+    return $ok
+}
+
+stage_bench() {
+    run_logged "$out/bench.log" "$build/tools/mla-bench" --json "$out/bench.json" --compare-torch \
+        --plot "$out/roofline.png" --scripts-dir "$root/tools"
+}
+
+stage_python() {
+    local py pkg inc suffix
+    py=$(command -v python3)
+    pkg=$(mktemp -d)/site
+    mkdir -p "$pkg/mla"
+    cp "$build"/bindings/python/mla/*.py "$build"/bindings/python/mla/py.typed "$pkg/mla/"
+    inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+    echo "python: $("$py" --version) at $py; building mla/_core$suffix"
+    cc -shared -fPIC -O2 -fno-strict-aliasing -w -I"$inc" -I"$root/include" \
+        "$build/bindings/python/mla/core_wrap.c" -L"$build" -lmla -Wl,-rpath,"$build" \
+        -o "$pkg/mla/_core$suffix" || return 1
+    local path="$pkg"
+    "$py" -c 'import pytest' 2>/dev/null || { path="$pkg:$build/pylib"; echo "python: pytest from $build/pylib"; }
+    PYTHONPATH="$path" PYTHONDONTWRITEBYTECODE=1 run_logged "$out/python.log" \
+        "$py" -m pytest -v -rfEs -p no:cacheprovider --rootdir "$root/bindings/python/tests" \
+        "$root/bindings/python/tests"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || true
+for stage in "$@"; do
+    echo; echo "==== $stage"
+    if "stage_$stage"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "==== $stage: FAILED"; fi
+done
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
