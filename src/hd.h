@@ -12,3 +12,11 @@
 #else
 #define MLA_HD inline
 #endif
+
+// 1 while compiling device code (nvcc's or hipcc's device pass), else 0:
+// selects device intrinsics inside MLA_HD functions.
+#if defined(MLA_GPU_COMPILER) && (defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__))
+#define MLA_DEVICE_PASS 1
+#else
+#define MLA_DEVICE_PASS 0
+#endif

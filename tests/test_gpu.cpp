@@ -491,18 +491,34 @@ void test_decoding_exact() {
                 }
             }
             if (kd == MLA_DTYPE_MXFP4)
+                // Blocks 0-1 hold the scale edges of the decoder: E8M0 0 / 1
+                // (subnormal results), 2 / 3 (the smallest all-normal scales).
                 for (int k = 0; k < MLA_MXFP4_SCALES_PER_ROW; ++k)
-                    h.kv.scales.data[row * size_t(h.kv.scale_stride) + size_t(k)] = uint8_t(20 + 12 * k - seq);
+                    h.kv.scales.data[row * size_t(h.kv.scale_stride) + size_t(k)] =
+                        uint8_t(k < 2 ? 2 * k + seq : 20 + 12 * k - seq);
         }
         if (kd == MLA_DTYPE_FP8_E4M3 || kd == MLA_DTYPE_FP8_E4M3_FNUZ) h.kv.kv_scale = 0.5f;
         Dev d(h);
         Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
         const Result g = run_gpu(gpu.p, h, d, s.heads, false, false, true, nullptr);
         const Result c = run_cpu(cpu.p, h, s.heads, false);
-        for (size_t i = 0; i < g.out.size(); ++i)
-            REQUIRE(g.out[i] == c.out[i] || ((g.out[i] | c.out[i]) & 0x7fffu) == 0,
-                    "kv %s: row %zu element %zu: GPU 0x%04x, CPU 0x%04x", tu_dtype_name(kd), i / kDV, i % kDV,
+        // Exact, except that a bf16 subnormal (|v| < 2^-126, only from E8M0
+        // 0 / 1 blocks) may come out as zero if the matrix unit flushes
+        // subnormal inputs: counted and reported, never a normal value.
+        size_t flushed = 0;
+        for (size_t i = 0; i < g.out.size(); ++i) {
+            const bool same = g.out[i] == c.out[i] || ((g.out[i] | c.out[i]) & 0x7fffu) == 0;
+            const bool cpu_subnormal = (c.out[i] & 0x7f80u) == 0 && (c.out[i] & 0x7fu) != 0;
+            if (!same && cpu_subnormal && (g.out[i] & 0x7fffu) == 0) {
+                ++flushed;
+                continue;
+            }
+            REQUIRE(same, "kv %s: row %zu element %zu: GPU 0x%04x, CPU 0x%04x", tu_dtype_name(kd), i / kDV, i % kDV,
                     g.out[i], c.out[i]);
+        }
+        if (flushed)
+            std::printf("decoding_exact: kv %s: %zu subnormal outputs came out as zero (subnormal flush)\n",
+                        tu_dtype_name(kd), flushed);
         compare(strf("decoding kv %s", tu_dtype_name(kd)).c_str(), h, s, g, c);
     }
 }

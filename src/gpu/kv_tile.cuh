@@ -3,7 +3,7 @@
 // specialisation per KV format; the kernel sees only this interface.
 #pragma once
 
-#include "../formats.h"
+#include "../formats_packed.h"
 #include "kernels.h"
 #include "tile.cuh"
 
@@ -13,46 +13,6 @@ namespace gpu {
 constexpr int kKvLd = MLA_HEAD_DIM_QK + 8;  // bf16 row stride of Q/K tiles (odd multiple of 16 B)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-// fp8 byte -> float, bit-exact: the magnitude bits are placed in a float whose
-// exponent is then rebased by an exact power-of-two multiply.
-template <int KV>
-__device__ __forceinline__ float fp8_to_float(uint32_t v) {
-    const float mag = __uint_as_float((v & 0x7fu) << 20) *
-                      (KV == MLA_DTYPE_FP8_E4M3 ? 1.329227995784916e36f /* 2^120 */ : 6.646139978924579e35f /* 2^119 */);
-    const bool nan = KV == MLA_DTYPE_FP8_E4M3 ? (v & 0x7fu) == 0x7fu : v == 0x80u;
-    const float r = (v & 0x80u) ? -mag : mag;
-    return nan ? __uint_as_float(0x7fc00000u) : r;
-}
-
-// Four fp8 bytes -> four bf16 (exact: every fp8 value is a bf16 value).
-template <int KV>
-__device__ __forceinline__ uint2 fp8x4_to_bf16x4(uint32_t w) {
-    uint2 r;
-    r.x = (float_to_bits(fp8_to_float<KV>(w & 0xffu)) >> 16) | (float_to_bits(fp8_to_float<KV>((w >> 8) & 0xffu)) & 0xffff0000u);
-    r.y = (float_to_bits(fp8_to_float<KV>((w >> 16) & 0xffu)) >> 16) | (float_to_bits(fp8_to_float<KV>(w >> 24)) & 0xffff0000u);
-    return r;
-}
-
-// Eight E2M1 nibbles times one E8M0 scale -> eight bf16, exact unless the
-// product leaves the bf16 range (as in float). The nibble's exponent and
-// mantissa bits are placed at the top of a float's exponent/mantissa fields,
-// which is the value times 2^-126 (subnormal for exponent 0 included); the
-// exact multiply by 2^126 rebases it, the second applies the block scale.
-__device__ __forceinline__ float e2m1_bits_to_float(uint32_t nibble) {
-    return __uint_as_float(((nibble & 0x7u) << 22) | ((nibble & 0x8u) << 28)) * 8.507059173023462e37f /* 2^126 */;
-}
-
-__device__ __forceinline__ uint4 e2m1x8_to_bf16x8(uint32_t w, float scale) {
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float lo = e2m1_bits_to_float(w >> (8 * i)) * scale;
-        const float hi = e2m1_bits_to_float(w >> (8 * i + 4)) * scale;
-        out[i] = (float_to_bits(lo) >> 16) | (float_to_bits(hi) & 0xffff0000u);
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-}
 
 // Shared-memory staging of one KV tile of N tokens in format KV.
 template <int KV, int N>
@@ -141,14 +101,16 @@ struct KvTile {
                 const int r = u / kUnits, c = u - r * kUnits;
                 const uint32_t w = *reinterpret_cast<const uint32_t *>(raw + r * kRawLd + c * 4);
                 const uint8_t e = scales[(stage * N + r) * kScaleLd + scale_shift[stage * N + r] + (c >> 2)];
-                *reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 8) = e2m1x8_to_bf16x8(w, e8m0_to_float(e));
+                const Bf16x8 v = e2m1x8_to_bf16x8(w, e);
+                *reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 8) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
             }
         } else {
             constexpr int kUnits = kRowBytes / 4;  // 4 elements each
             for (int u = threadIdx.x; u < N * kUnits; u += kThreads) {
                 const int r = u / kUnits, c = u - r * kUnits;
                 const uint32_t w = *reinterpret_cast<const uint32_t *>(raw + r * kRawLd + c * 4);
-                *reinterpret_cast<uint2 *>(converted + r * kKvLd + c * 4) = fp8x4_to_bf16x4<KV>(w);
+                const Bf16x4 v = fp8x4_to_bf16x4<KV>(w);
+                *reinterpret_cast<uint2 *>(converted + r * kKvLd + c * 4) = make_uint2(v.w[0], v.w[1]);
             }
         }
         return converted;
@@ -179,9 +141,9 @@ __device__ void load_q(const AttentionParams &p, const WorkItem &w, int h0, int 
                 const int tok = w.q_begin + r / heads, h = h0 + r % heads;
                 v = *reinterpret_cast<const uint32_t *>(p.q + (int64_t(tok) * p.num_heads + h) * 576 + c * 4);
             }
-            *reinterpret_cast<uint2 *>(qs + r * kKvLd + c * 4) = p.q_dtype == MLA_DTYPE_FP8_E4M3
-                                                                    ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(v)
-                                                                    : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(v);
+            const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(v)
+                                                             : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(v);
+            *reinterpret_cast<uint2 *>(qs + r * kKvLd + c * 4) = make_uint2(b.w[0], b.w[1]);
         }
     }
 }

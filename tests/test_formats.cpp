@@ -1,0 +1,95 @@
+// The packed decoders of src/formats_packed.h (the GPU kernels' tile staging)
+// against the scalar decoders of src/formats.h, exhaustively on the host:
+//   fp8x4      every OCP E4M3 / FNUZ code at every byte position of a word,
+//              among random neighbours
+//   e2m1x8     every byte (two E2M1 codes) at every position, times every
+//              E8M0 scale 0..255 (subnormal results, overflow to inf, NaN)
+//   byte_perm  the host emulation of the GPU's byte permute
+// Results must equal float_to_bf16(scalar value) bitwise; NaN codes must give
+// a NaN. The device-only instruction paths (cvt / bf16x2 fma) are checked on
+// the GPU by tests/test_gpu.cpp (decoding_exact).
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <cstdio>
+#include <random>
+
+#include "formats_packed.h"
+
+namespace {
+
+bool is_nan_bf16(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0; }
+
+uint16_t half(uint32_t w, int i) { return uint16_t(i ? w >> 16 : w & 0xffffu); }
+
+// Expected bf16 of a float that is exactly a bf16 value (or inf / NaN).
+void expect_bf16(uint16_t got, float want, const char *what, unsigned code, int pos, unsigned scale) {
+    const uint16_t w = mla::float_to_bf16(want);
+    const bool ok = is_nan_bf16(w) ? is_nan_bf16(got) : got == w;
+    if (!ok) {
+        std::printf("%s: code 0x%02x at position %d, scale %u: got 0x%04x, want 0x%04x (%g)\n", what, code, pos, scale,
+                    got, w, double(want));
+        fail();
+    }
+}
+
+template <int KV>
+void check_fp8(float (*scalar)(uint8_t), const char *what) {
+    std::mt19937 rng(0x6670u + unsigned(KV));
+    for (int pos = 0; pos < 4; ++pos)
+        for (unsigned code = 0; code < 256; ++code)
+            for (int trial = 0; trial < 8; ++trial) {
+                uint32_t w = uint32_t(rng());
+                w = (w & ~(0xffu << (8 * pos))) | (code << (8 * pos));
+                const mla::Bf16x4 r = mla::fp8x4_to_bf16x4<KV>(w);
+                for (int i = 0; i < 4; ++i) {
+                    const unsigned c = (w >> (8 * i)) & 0xffu;
+                    expect_bf16(half(r.w[i / 2], i % 2), scalar(uint8_t(c)), what, c, i, 0);
+                }
+            }
+}
+
+void test_fp8_e4m3(void **) { check_fp8<MLA_DTYPE_FP8_E4M3>(mla::fp8_e4m3_to_float, "e4m3"); }
+void test_fp8_e4m3_fnuz(void **) { check_fp8<MLA_DTYPE_FP8_E4M3_FNUZ>(mla::fp8_e4m3_fnuz_to_float, "e4m3 fnuz"); }
+
+void test_e2m1x8(void **) {
+    std::mt19937 rng(0x6532u);
+    for (unsigned scale = 0; scale < 256; ++scale)
+        for (int pos = 0; pos < 4; ++pos)
+            for (unsigned byte = 0; byte < 256; ++byte) {
+                uint32_t w = uint32_t(rng());
+                w = (w & ~(0xffu << (8 * pos))) | (byte << (8 * pos));
+                const mla::Bf16x8 r = mla::e2m1x8_to_bf16x8(w, uint8_t(scale));
+                for (int i = 0; i < 8; ++i) {
+                    const unsigned nibble = (w >> (4 * i)) & 0xfu;
+                    const float want = mla::e2m1_to_float(nibble) * mla::e8m0_to_float(uint8_t(scale));
+                    expect_bf16(half(r.w[i / 2], i % 2), want, "e2m1", nibble, i, scale);
+                }
+            }
+}
+
+void test_byte_perm(void **) {
+    const uint32_t lo = 0x33221100u, hi = 0x77665544u;
+    assert_int_equal(mla::byte_perm(lo, hi, 0x3210u), lo);
+    assert_int_equal(mla::byte_perm(lo, hi, 0x7654u), hi);
+    assert_int_equal(mla::byte_perm(lo, hi, 0x0123u), 0x00112233u);
+    assert_int_equal(mla::byte_perm(lo, hi, 0x5140u), 0x55114400u);
+    assert_int_equal(mla::byte_perm(lo, hi, 0x76543210u), lo);  // selectors above bit 15 are ignored
+}
+
+}  // namespace
+
+int main() {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_e4m3),
+        cmocka_unit_test(test_fp8_e4m3_fnuz),
+        cmocka_unit_test(test_e2m1x8),
+        cmocka_unit_test(test_byte_perm),
+    };
+    return cmocka_run_group_tests_name("formats", tests, nullptr, nullptr);
+}
