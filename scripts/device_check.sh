@@ -9,6 +9,9 @@
 #   bench       tools/mla-bench: headline suite, JSON, PyTorch comparison, plot
 #   python      the pytest suite (CPU and torch CUDA tensors) with this
 #               machine's Python: compiles BUILD_DIR's SWIG wrapper for it first
+#   portable    the GPU suite (fewer random configs) on the portable kernels
+#               that AMD runs (a -Dportable_kernels=true build: $MLA_PORTABLE_BUILD,
+#               default build-nvp; only its libmla.so* and tests/test_gpu are needed)
 # BUILD_DIR comes from scripts/device_prep.sh. Each stage writes
 # OUT_DIR/<stage>*.log; the last line is "N passed, N failed" (stages).
 set -uo pipefail
@@ -42,6 +45,11 @@ stage_sanitizers() {
     MLA_GPU_TEST_CONFIGS=4 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,device_metadata,graph_capture,large_pool \
         run_logged "$out/initcheck.log" "$cs" --tool initcheck --error-exitcode 3 "$build/tests/test_gpu" || ok=1
     return $ok
+}
+
+stage_portable() {
+    local pb=${MLA_PORTABLE_BUILD:-build-nvp}
+    MLA_GPU_TEST_CONFIGS=${MLA_PORTABLE_CONFIGS:-80} run_logged "$out/test_gpu_portable.log" "$pb/tests/test_gpu"
 }
 
 stage_bench() {

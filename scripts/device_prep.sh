@@ -6,7 +6,10 @@
 #     compiled there for that machine's Python by scripts/device_check.sh);
 #   - copies Debian's pure-Python pytest (and what it imports) into
 #     BUILD_DIR/pylib, used there only when that Python has no pytest.
-# Then: carry BUILD_DIR and run scripts/device_check.sh BUILD_DIR OUT STAGE...
+#   - builds build-nvp, the portable kernels (-Dportable_kernels=true) whose
+#     library and test_gpu the `portable` stage runs.
+# Then carry BUILD_DIR, build-nvp/libmla.so.0.1.0, build-nvp/libmla.so.0 and
+# build-nvp/tests/test_gpu, and run scripts/device_check.sh BUILD_DIR OUT STAGE...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-nv}
@@ -19,4 +22,6 @@ for m in pytest _pytest pluggy iniconfig packaging attr attrs py.py; do
     [ -e "$src" ] && cp -r "$src" "$build/pylib/"
 done
 find "$build/pylib" -name __pycache__ -prune -exec rm -rf {} +
+[ -f build-nvp/build.ninja ] || meson setup build-nvp -Dgpu=nvidia -Dportable_kernels=true -Dpython=disabled -Dtools=false
+ninja -C build-nvp libmla.so.0.1.0 tests/test_gpu
 du -sh "$build" | sed 's/^/device_prep: carry /'

@@ -4,14 +4,14 @@
 
 namespace mla {
 
-ScheduleGeometry make_geometry(const PlanConfig &cfg, int32_t workers, int32_t min_split_blocks) {
+ScheduleGeometry make_geometry(const PlanConfig &cfg, int32_t workers, int32_t min_split_blocks, int32_t max_rows) {
     ScheduleGeometry g{};
     g.num_heads = cfg.num_heads;
     g.max_q_len = cfg.max_q_len;
     g.max_batch = cfg.max_batch_size;
     g.page_size = cfg.page_size;
     const int32_t rows = cfg.num_heads * cfg.max_q_len;
-    g.rows_per_item = rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+    g.rows_per_item = rows <= 16 || max_rows <= 16 ? 16 : rows <= 32 || max_rows <= 32 ? 32 : 64;
     g.heads_per_block = g.rows_per_item / cfg.max_q_len;
     if (g.heads_per_block > cfg.num_heads) g.heads_per_block = cfg.num_heads;
     g.head_blocks = ceil_div(cfg.num_heads, g.heads_per_block);

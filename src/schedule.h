@@ -150,23 +150,26 @@ MLA_HD void split_range(int32_t k, int32_t splits, int32_t kv_len, const Schedul
     *end = int32_t(e < kv_len ? e : kv_len);
 }
 
+// Work item (head block hb, split k) of a sequence; its index is
+// s.item_first + hb * s.splits + k.
+MLA_HD WorkItem make_item(int32_t seq, const SeqSchedule &s, const ScheduleGeometry &g, int32_t hb, int32_t k) {
+    WorkItem w;
+    w.seq = seq;
+    w.head_block = hb;
+    split_range(k, s.splits, s.kv_len, g, &w.kv_begin, &w.kv_end);
+    w.partial_slot = s.splits > 1 ? s.partial_first + hb * s.splits + k : -1;
+    w.q_begin = s.q_begin;
+    w.q_len = s.q_len;
+    w.kv_len = s.kv_len;
+    w.page_begin = s.page_begin;
+    w.reserved[0] = w.reserved[1] = w.reserved[2] = 0;
+    return w;
+}
+
 // Work items of one sequence, written at items[s.item_first ...].
 MLA_HD void emit_items(int32_t seq, const SeqSchedule &s, const ScheduleGeometry &g, WorkItem *items) {
-    for (int32_t hb = 0; hb < g.head_blocks; ++hb) {
-        for (int32_t k = 0; k < s.splits; ++k) {
-            WorkItem w;
-            w.seq = seq;
-            w.head_block = hb;
-            split_range(k, s.splits, s.kv_len, g, &w.kv_begin, &w.kv_end);
-            w.partial_slot = s.splits > 1 ? s.partial_first + hb * s.splits + k : -1;
-            w.q_begin = s.q_begin;
-            w.q_len = s.q_len;
-            w.kv_len = s.kv_len;
-            w.page_begin = s.page_begin;
-            w.reserved[0] = w.reserved[1] = w.reserved[2] = 0;
-            items[s.item_first + hb * s.splits + k] = w;
-        }
-    }
+    for (int32_t hb = 0; hb < g.head_blocks; ++hb)
+        for (int32_t k = 0; k < s.splits; ++k) items[s.item_first + hb * s.splits + k] = make_item(seq, s, g, hb, k);
 }
 
 // Upper bound of work items for any batch of this plan.

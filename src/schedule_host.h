@@ -16,7 +16,10 @@ constexpr int32_t kScheduleBlockTokens = 64;
 constexpr int32_t kDeterministicChunkBlocks = 16;
 constexpr int32_t kDeterministicMaxSplits = 8;
 
-ScheduleGeometry make_geometry(const PlanConfig &cfg, int32_t workers, int32_t min_split_blocks);
+// max_rows caps the row tile (16, 32 or 64): a backend whose largest tile
+// does not fit the device asks for a smaller one (more head blocks).
+ScheduleGeometry make_geometry(const PlanConfig &cfg, int32_t workers, int32_t min_split_blocks,
+                               int32_t max_rows = 64);
 
 struct HostSchedule {
     std::vector<SeqSchedule> seqs;

@@ -18,7 +18,13 @@ template <int ROWS, int KV>
 struct AttentionShape {
     // 32-token KV tiles keep a 16-row CTA under half the shared memory of an
     // SM, so two CTAs share each SM and one's loads overlap the other's math.
+    // The portable kernels take 16-token tiles: a 16-row CTA then fits the
+    // 64 KB of LDS of AMD GPUs (the backend picks 16-row items there).
+#if defined(MLA_PORTABLE_KERNELS)
+    static constexpr int N = 16;
+#else
     static constexpr int N = 32;
+#endif
     static constexpr int kMinBlocksPerSm = ROWS <= 16 ? 2 : 1;
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int WM = ROWS / 16;               // warps along rows
@@ -33,7 +39,8 @@ struct AttentionShape {
     static constexpr int kOCols = MLA_HEAD_DIM_V / WN; // O columns per warp
     static constexpr int kSLd = N + 4;                 // float stride of S
     static constexpr int kPLd = N + 8;                 // bf16 stride of P (odd multiple of 16 B)
-    static constexpr int kRowThreads = kThreads / ROWS;  // softmax threads per row
+    // softmax threads per row (>= 2 columns each); threads past ROWS x kRowThreads sit it out
+    static constexpr int kRowThreads = kThreads / ROWS < N / 2 ? kThreads / ROWS : N / 2;
     static constexpr int kRowCols = N / kRowThreads;
     using Kv = KvTile<KV, N>;
 
@@ -45,7 +52,11 @@ struct AttentionShape {
                                       kPBytes + kStatBytes + Kv::kRowMetaBytes;
     static_assert(kSCols % 8 == 0 && kOCols % 16 == 0 && kKPerWarp % 16 == 0, "warp tiling");
     static_assert(kRowCols % 2 == 0, "softmax writes column pairs");
+    static_assert((ROWS * kRowThreads) % MLA_WARP_SIZE == 0, "softmax leaves whole warps idle");
     static_assert(64 % N == 0, "tiles must not straddle schedule blocks");
+#if defined(MLA_PORTABLE_KERNELS)
+    static_assert(ROWS > 16 || kSmemBytes <= 64 * 1024, "16-row portable tiles must fit 64 KB of LDS");
+#endif
 };
 
 template <int ROWS, int KV>
@@ -130,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
         __syncthreads();
 
         // Online softmax: kRowThreads threads per row, kRowCols columns each.
-        {
+        if (tid < ROWS * S::kRowThreads) {
             const int r = tid / S::kRowThreads, c0 = (tid % S::kRowThreads) * S::kRowCols;
             // Causal: query token t of the sequence's q_len sees keys < kv_len - q_len + t + 1.
             const int visible_end = min(w.kv_end, w.kv_len - w.q_len + r / heads + 1);

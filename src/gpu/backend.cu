@@ -97,17 +97,24 @@ public:
         MLA_GPU_TRY(hipDeviceGetAttribute(&smem_optin, hipDeviceAttributeMaxSharedMemoryPerBlockOptin, cfg_.device));
 
         // The balanced scheduler targets one work item per resident CTA. The
-        // kernel variant depends only on the row tile, so pick it first.
-        geometry_ = make_geometry(cfg_, sms, kMinSplitBlocks);
-        if (!pick_variant(geometry_.rows_per_item, cfg_.kv_dtype, &variant_))
-            return fail(MLA_ERROR_INTERNAL, "no kernel for %d rows and kv dtype %d", geometry_.rows_per_item,
-                        int(cfg_.kv_dtype));
-        if (variant_.smem() > smem_optin)
-            return fail(MLA_ERROR_BACKEND_UNAVAILABLE,
-                        "the kernel needs %d bytes of shared memory per block, device %d allows %d", variant_.smem(),
-                        cfg_.device, smem_optin);
+        // kernel variant depends only on the row tile: take the largest row
+        // tile the heads need whose shared memory fits the device (AMD's
+        // 64 KB fit 16 rows), then size the schedule by its occupancy.
+        int max_rows = 64;
+        for (;;) {
+            geometry_ = make_geometry(cfg_, sms, kMinSplitBlocks, max_rows);
+            if (!pick_variant(geometry_.rows_per_item, cfg_.kv_dtype, &variant_))
+                return fail(MLA_ERROR_INTERNAL, "no kernel for %d rows and kv dtype %d", geometry_.rows_per_item,
+                            int(cfg_.kv_dtype));
+            if (variant_.smem() <= smem_optin) break;
+            if (geometry_.rows_per_item == 16)
+                return fail(MLA_ERROR_BACKEND_UNAVAILABLE,
+                            "the kernel needs %d bytes of shared memory per block, device %d allows %d",
+                            variant_.smem(), cfg_.device, smem_optin);
+            max_rows = geometry_.rows_per_item / 2;
+        }
         MLA_GPU_TRY(variant_.prepare(smem_optin));
-        geometry_ = make_geometry(cfg_, sms * variant_.blocks_per_sm(), kMinSplitBlocks);
+        geometry_ = make_geometry(cfg_, sms * variant_.blocks_per_sm(), kMinSplitBlocks, max_rows);
         layout_ = MetadataLayout(geometry_);
         MLA_GPU_TRY(hipMalloc(&metadata_, layout_.bytes));
         MLA_GPU_TRY(hipMemset(metadata_, 0, layout_.bytes));
@@ -229,7 +236,7 @@ public:
             c.head_blocks = g.head_blocks;
             c.rows_per_item = g.rows_per_item;
             c.slot_floats = p.slot_floats;
-            MLA_GPU_TRY(launch_combine(c, g.max_batch * g.head_blocks, s));
+            MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), s));
         }
         return MLA_SUCCESS;
     }

@@ -70,6 +70,8 @@ int attention_smem_bytes();
 template <int ROWS, int KV>
 int attention_blocks_per_sm();  // resident CTAs per SM (after prepare_attention)
 
+// Combine grid of a plan: covers max_batch sequences x head blocks x rows.
+int combine_grid(int max_batch, int head_blocks, int rows_per_item);
 hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream);
 hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream);
 // MLA_FLAG_VALIDATE_DEVICE_INPUTS: checks every page index the items touch.

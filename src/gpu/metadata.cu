@@ -11,28 +11,43 @@ namespace {
 
 constexpr int kMetaThreads = 1024;
 
-// Exclusive prefix sum over the CTA of one value per thread; returns the
-// total in *total.
-__device__ int block_exclusive_scan(int value, int *scratch, int *total) {
-    const int tid = threadIdx.x;
-    scratch[tid] = value;
-    __syncthreads();
-    for (int off = 1; off < kMetaThreads; off <<= 1) {
-        const int add = tid >= off ? scratch[tid - off] : 0;
-        __syncthreads();
-        scratch[tid] += add;
-        __syncthreads();
+constexpr int kMetaWarps = kMetaThreads / MLA_WARP_SIZE;
+static_assert(kMetaWarps <= MLA_WARP_SIZE, "one warp scans the warp totals");
+
+// Inclusive prefix sums of two values across a warp.
+__device__ int2 warp_inclusive_scan2(int2 v) {
+    const int lane = threadIdx.x % MLA_WARP_SIZE;
+    for (int off = 1; off < MLA_WARP_SIZE; off <<= 1) {
+        const int x = MLA_SHFL_UP(v.x, off), y = MLA_SHFL_UP(v.y, off);
+        if (lane >= off) {
+            v.x += x;
+            v.y += y;
+        }
     }
-    const int inclusive = scratch[tid];
-    *total = scratch[kMetaThreads - 1];
+    return v;
+}
+
+// Exclusive prefix sums over the CTA of two values per thread (warp scans,
+// then a scan of the warp totals); *total gets the sums. Two barriers.
+__device__ int2 block_exclusive_scan2(int2 value, int2 *warp_sums, int2 *total) {
+    const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
+    const int2 inclusive = warp_inclusive_scan2(value);
+    if (lane == MLA_WARP_SIZE - 1) warp_sums[warp] = inclusive;
     __syncthreads();
-    return inclusive - value;
+    if (warp == 0) {
+        const int2 w = warp_inclusive_scan2(lane < kMetaWarps ? warp_sums[lane] : make_int2(0, 0));
+        if (lane < kMetaWarps) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    const int2 base = warp > 0 ? warp_sums[warp - 1] : make_int2(0, 0);
+    *total = warp_sums[kMetaWarps - 1];
+    return make_int2(base.x + inclusive.x - value.x, base.y + inclusive.y - value.y);
 }
 
 __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataParams p) {
     const ScheduleGeometry &g = p.geometry;
     const int n = p.batch_size, tid = threadIdx.x;
-    __shared__ int scan_scratch[kMetaThreads];
+    __shared__ int2 warp_sums[kMetaWarps];
     __shared__ unsigned long long total_blocks;
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
@@ -98,18 +113,26 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         local_max = max(local_max, s.splits);
     }
     atomicMax(&max_splits, local_max);
-    int total_items, total_partials;
-    int item_cursor = block_exclusive_scan(items, scan_scratch, &total_items);
-    int partial_cursor = block_exclusive_scan(partials, scan_scratch, &total_partials);
+    int2 totals;
+    const int2 cursors = block_exclusive_scan2(make_int2(items, partials), warp_sums, &totals);
+    const int total_items = totals.x, total_partials = totals.y;
     const bool fits = total_items <= g.max_items;
+    int item_cursor = cursors.x, partial_cursor = cursors.y;
     for (int b = b_begin; b < b_end && fits; ++b) {
-        SeqSchedule s = p.seqs[b];
+        SeqSchedule &s = p.seqs[b];
         s.item_first = item_cursor;
         s.partial_first = s.splits > 1 ? partial_cursor : -1;
         item_cursor += s.splits * g.head_blocks;
         if (s.splits > 1) partial_cursor += s.splits * g.head_blocks;
-        p.seqs[b] = s;
-        emit_items(b, s, g, p.items);
+    }
+    __syncthreads();  // every sequence's schedule is in p.seqs
+    // The items: a warp per sequence, a lane per item.
+    const int lane = tid % MLA_WARP_SIZE;
+    for (int b = tid / MLA_WARP_SIZE; b < n && fits; b += kMetaWarps) {
+        const SeqSchedule s = p.seqs[b];
+        const int count = s.splits * g.head_blocks;
+        for (int j = lane; j < count; j += MLA_WARP_SIZE)
+            p.items[s.item_first + j] = make_item(b, s, g, j / s.splits, j % s.splits);
     }
     if (tid == 0) {
         ScheduleSummary sum{};

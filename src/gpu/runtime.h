@@ -77,8 +77,10 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #if defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
 // Device-side names. Warp shuffles take a full mask on NVIDIA.
 #define MLA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define MLA_SHFL_UP(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
 #elif defined(__HIPCC__) || defined(__HIP__)
 #define MLA_SHFL_XOR(v, m) __shfl_xor((v), (m))
+#define MLA_SHFL_UP(v, d) __shfl_up((v), (d))
 #ifndef __syncwarp
 #define __syncwarp() __builtin_amdgcn_wave_barrier()
 #endif

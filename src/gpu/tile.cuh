@@ -19,7 +19,15 @@
 namespace mla {
 namespace gpu {
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MLA_FORCE_SIMT_TILE)
+// The portable kernels: SIMT tile, synchronous copies and tiles sized for
+// 64 KB of LDS. Always on AMD; on NVIDIA with -Dportable_kernels=true
+// (MLA_FORCE_SIMT_TILE) so the AMD code path can be tested on NVIDIA hardware.
+// Defined identically in host and device passes: tile sizes depend on it.
+#if defined(MLA_GPU_AMD) || defined(__HIP_PLATFORM_AMD__) || defined(MLA_FORCE_SIMT_TILE)
+#define MLA_PORTABLE_KERNELS 1
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MLA_PORTABLE_KERNELS)
 #define MLA_TILE_MMA_SYNC 1
 #endif
 
