@@ -10,7 +10,11 @@
 #include <string>
 #include <utility>
 
-#if defined(MLA_GPU_NVIDIA)
+#if defined(MLA_GPU_EMULATED)
+#define MLA_EMU_HOST_API_ONLY
+#include "../src/gpu/emulated.h"  // the CPU emulation's runtime API (host memory)
+#define DM_(name) hip##name
+#elif defined(MLA_GPU_NVIDIA)
 #include <cuda_runtime_api.h>
 #define DM_(name) cuda##name
 #elif defined(MLA_GPU_AMD)

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
     if (int(blockIdx.x) >= p.summary->num_items) return;
     const WorkItem w = p.items[blockIdx.x];
 
-    extern __shared__ __align__(16) uint8_t smem[];
+    MLA_DYNAMIC_SMEM(uint8_t, smem);
     uint8_t *cursor = smem;
     uint16_t *qs = reinterpret_cast<uint16_t *>(cursor); cursor += S::kQBytes;
     typename S::Kv kv;
@@ -257,7 +257,9 @@ int attention_blocks_per_sm() {
 
 template <int ROWS, int KV>
 hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream) {
-    attention_kernel<ROWS, KV><<<grid, kThreads, AttentionShape<ROWS, KV>::kSmemBytes, stream>>>(p);
+    const auto kernel = &attention_kernel<ROWS, KV>;
+    constexpr int kSmem = AttentionShape<ROWS, KV>::kSmemBytes;
+    MLA_LAUNCH(kernel, grid, kThreads, kSmem, stream)(p);
     return hipGetLastError();
 }
 

@@ -81,7 +81,7 @@ int combine_grid(int max_batch, int head_blocks, int rows_per_item) {
 }
 
 hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream) {
-    combine_kernel<<<grid, kThreads, 0, stream>>>(p);
+    MLA_LAUNCH(combine_kernel, grid, kThreads, 0, stream)(p);
     return hipGetLastError();
 }
 

@@ -169,14 +169,14 @@ __global__ void validate_pages_kernel(const ScheduleSummary *summary, const Work
 }  // namespace
 
 hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream) {
-    metadata_kernel<<<1, kMetaThreads, 0, stream>>>(p);
+    MLA_LAUNCH(metadata_kernel, 1, kMetaThreads, 0, stream)(p);
     return hipGetLastError();
 }
 
 hipError_t launch_validate_pages(const ScheduleSummary *summary, const WorkItem *items, const int32_t *kv_indices,
                                  int32_t page_shift, int64_t num_pages, int32_t max_items, int32_t *bad,
                                  hipStream_t stream) {
-    validate_pages_kernel<<<max_items, 128, 0, stream>>>(summary, items, kv_indices, page_shift, num_pages, bad);
+    MLA_LAUNCH(validate_pages_kernel, max_items, 128, 0, stream)(summary, items, kv_indices, page_shift, num_pages, bad);
     return hipGetLastError();
 }
 

@@ -4,7 +4,9 @@
 // build with CUDA 13, so the project carries its own mapping).
 #pragma once
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(MLA_GPU_AMD)
+#if defined(MLA_GPU_EMULATED)
+#include "emulated.h"  // the CPU emulation (tests): runtime API, device built-ins, launches
+#elif defined(__HIP_PLATFORM_AMD__) || defined(MLA_GPU_AMD)
 #include <hip/hip_runtime.h>
 #define MLA_WARP_SIZE 64
 // AMD has no opt-in above the per-block LDS limit (64 KB on gfx90a/gfx942).
@@ -74,7 +76,9 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif
 
-#if defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
+#if defined(MLA_GPU_EMULATED)
+// (emulated.h defines the device-side names)
+#elif defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
 // Device-side names. Warp shuffles take a full mask on NVIDIA.
 #define MLA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define MLA_SHFL_UP(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
@@ -84,6 +88,14 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #ifndef __syncwarp
 #define __syncwarp() __builtin_amdgcn_wave_barrier()
 #endif
+#endif
+
+#if !defined(MLA_GPU_EMULATED)
+// kernel<<<grid, threads, smem, stream>>>, spelled so the CPU emulation can
+// turn it into a call: MLA_LAUNCH(kernel, grid, threads, smem, stream)(args...).
+#define MLA_LAUNCH(kernel, grid, threads, smem, stream) kernel<<<(grid), (threads), (smem), (stream)>>>
+// The kernel's dynamic shared memory as `type *name`.
+#define MLA_DYNAMIC_SMEM(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
 #include "../errors.h"

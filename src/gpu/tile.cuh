@@ -23,7 +23,7 @@ namespace gpu {
 // 64 KB of LDS. Always on AMD; on NVIDIA with -Dportable_kernels=true
 // (MLA_FORCE_SIMT_TILE) so the AMD code path can be tested on NVIDIA hardware.
 // Defined identically in host and device passes: tile sizes depend on it.
-#if defined(MLA_GPU_AMD) || defined(__HIP_PLATFORM_AMD__) || defined(MLA_FORCE_SIMT_TILE)
+#if defined(MLA_GPU_AMD) || defined(__HIP_PLATFORM_AMD__) || defined(MLA_FORCE_SIMT_TILE) || defined(MLA_GPU_EMULATED)
 #define MLA_PORTABLE_KERNELS 1
 #endif
 
