@@ -22,11 +22,13 @@ mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
 passed=0; failed=0
 
-run_logged() {  # run_logged LOG COMMAND...: output to LOG, tail to stdout
+# run_logged LOG COMMAND...: output to LOG, tail to stdout; the command is
+# stopped after $LIMIT_S seconds (default 500) so one hang cannot eat a call.
+run_logged() {
     local log=$1; shift
-    echo "---- $* > $(basename "$log")"
+    echo "---- $* > $(basename "$log") (limit ${LIMIT_S:-500} s)"
     local t0=$SECONDS
-    "$@" > "$log" 2>&1
+    timeout -k 10 "${LIMIT_S:-500}" "$@" > "$log" 2>&1
     local rc=$?
     tail -n 6 "$log"
     echo "---- rc=$rc in $((SECONDS - t0)) s"
@@ -38,11 +40,11 @@ stage_tests() { run_logged "$out/test_gpu.log" "$build/tests/test_gpu"; }
 stage_sanitizers() {
     local cs ok=0
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    MLA_GPU_TEST_CONFIGS=6 run_logged "$out/memcheck.log" \
+    LIMIT_S=240 MLA_GPU_TEST_CONFIGS=6 run_logged "$out/memcheck.log" \
         "$cs" --tool memcheck --error-exitcode 3 --leak-check full "$build/tests/test_gpu" || ok=1
-    MLA_GPU_TEST_CONFIGS=2 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,graph_capture,validate_device_inputs \
+    LIMIT_S=150 MLA_GPU_TEST_CONFIGS=2 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,graph_capture,validate_device_inputs \
         run_logged "$out/racecheck.log" "$cs" --tool racecheck --error-exitcode 3 "$build/tests/test_gpu" || ok=1
-    MLA_GPU_TEST_CONFIGS=4 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,device_metadata,graph_capture,large_pool \
+    LIMIT_S=150 MLA_GPU_TEST_CONFIGS=4 MLA_GPU_TEST_ONLY=decoding_exact,random_configs,device_metadata,graph_capture,large_pool \
         run_logged "$out/initcheck.log" "$cs" --tool initcheck --error-exitcode 3 "$build/tests/test_gpu" || ok=1
     return $ok
 }

@@ -44,6 +44,17 @@ MLA_HD uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
 #endif
 }
 
+// Two floats -> a bf16 pair rounded to nearest even (lo in the low half).
+MLA_HD uint32_t pack_bf16x2_rn(float lo, float hi) {
+#if defined(MLA_HAVE_FMA_BF16X2)
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+#endif
+}
+
 // Two floats that are bf16 values (or NaN) -> a bf16 pair, by truncation.
 MLA_HD uint32_t pack_exact_bf16x2(float lo, float hi) {
     return (float_to_bits(lo) >> 16) | (float_to_bits(hi) & 0xffff0000u);

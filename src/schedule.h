@@ -131,7 +131,10 @@ MLA_HD int32_t seq_splits(int32_t q_len, int32_t blocks, int32_t target_blocks, 
         s = ceil_div(blocks, g.det_chunk_blocks);
         if (s > g.det_max_splits) s = g.det_max_splits;
     } else {
-        s = ceil_div(blocks, target_blocks);
+        // An item may take up to a tenth more than the target before the
+        // sequence is split once more: a split costs a partial write and the
+        // combine (e.g. 128 blocks at a target of 125 stay one item).
+        s = ceil_div(blocks - target_blocks / 10, target_blocks);
         if (s > MLA_MAX_SPLITS) s = MLA_MAX_SPLITS;
     }
     if (s > blocks) s = blocks;

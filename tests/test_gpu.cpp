@@ -97,7 +97,7 @@ using gpu_harness::strf;
 struct Stats {
     int configs = 0, failed = 0, pairs_seen = 0, max_batch = 0, max_kv = 0;
     size_t rows = 0;
-    double worst_ratio = 0, worst_abs = 0, worst_lse = 0;
+    double worst_ratio = 0, worst_abs = 0, worst_lse_ratio = 0;
     std::string worst_where;
     void add(const tu_cmp &c, const std::string &where) {
         rows += c.rows;
@@ -106,7 +106,7 @@ struct Stats {
             worst_where = where;
         }
         worst_abs = std::max(worst_abs, c.worst_abs);
-        worst_lse = std::max(worst_lse, c.worst_lse);
+        worst_lse_ratio = std::max(worst_lse_ratio, c.worst_lse_ratio);
     }
 };
 Stats g_stats;
@@ -132,6 +132,7 @@ struct Host {
     tu_kv kv{};
     tu_buf q{};
     float q_scale = 0;
+    size_t scale_misalign = 0;  // MXFP4: device scales start this many bytes past an aligned address
     Host() = default;
     ~Host() {
         tu_batch_free(&b);
@@ -161,7 +162,12 @@ void make_host(Host &h, const Shape &s, const std::vector<int> &q_lens, const st
     REQUIRE(tu_batch_make(&h.b, n, q_lens.data(), kv_lens.data(), s.page, explicit_pages ? 1 : 0,
                           spare_pages + extra_capacity_pages, rng) == 0,
             "tu_batch_make");
-    REQUIRE(tu_kv_make(&h.kv, s.kv, &h.b, 0, rng) == 0, "tu_kv_make");
+    // MXFP4 scales at any byte alignment: strides other than 18 and a shifted
+    // base reach every misalignment of a row's first scale byte.
+    static const int kStrides[] = {0, 0, 19, 21, 24};
+    const int stride = s.kv == MLA_DTYPE_MXFP4 ? kStrides[tu_range(rng, 0, 4)] : 0;
+    h.scale_misalign = s.kv == MLA_DTYPE_MXFP4 ? size_t(tu_range(rng, 0, 3)) : 0;
+    REQUIRE(tu_kv_make(&h.kv, s.kv, &h.b, stride, rng) == 0, "tu_kv_make");
     REQUIRE(tu_q_make(&h.q, s.q, h.b.total_q, s.heads, 1.0 + 2.0 * tu_uniform(rng), rng) == 0, "tu_q_make");
     h.q_scale = s.q == MLA_DTYPE_BF16 ? 0.0f : tu_rand_fp8_scale(rng);
 }
@@ -200,14 +206,17 @@ struct Plan {
 // update() re-uploads a Host that fits in the same buffers (graph replays).
 struct Dev {
     dm::buffer q, kv, scales, indices, qo, kvp, last;
+    size_t scale_misalign;
+    unsigned char *scale_ptr() const { return scales.as<unsigned char>() + scale_misalign; }
     Dev(const Host &h, size_t q_cap = 0, size_t kv_cap = 0, size_t idx_cap = 0)
         : q(std::max(h.q.size, q_cap)),
           kv(std::max(h.kv.data.size, kv_cap)),
-          scales(std::max<size_t>(h.kv.scales.size, 16)),
+          scales(std::max<size_t>(h.kv.scales.size, 16) + 4),
           indices(std::max(size_t(h.b.num_pages) * 4, idx_cap)),
           qo(size_t(h.b.batch_size + 1) * 4),
           kvp(size_t(h.b.batch_size + 1) * 4),
-          last(size_t(h.b.batch_size + 1) * 4) {
+          last(size_t(h.b.batch_size + 1) * 4),
+          scale_misalign(h.scale_misalign) {
         update(h);
     }
     void update(const Host &h) {
@@ -216,7 +225,7 @@ struct Dev {
                 "device buffers too small for the update");
         dm::h2d(q.get(), h.q.data, h.q.size);
         dm::h2d(kv.get(), h.kv.data.data, h.kv.data.size);
-        if (h.kv.scales.size) dm::h2d(scales.get(), h.kv.scales.data, h.kv.scales.size);
+        if (h.kv.scales.size) dm::h2d(scale_ptr(), h.kv.scales.data, h.kv.scales.size);
         if (h.b.kv_indices) dm::h2d(indices.get(), h.b.kv_indices, size_t(h.b.num_pages) * 4);
         dm::h2d(qo.get(), h.b.qo_indptr, size_t(h.b.batch_size + 1) * 4);
         dm::h2d(kvp.get(), h.b.kv_indptr, size_t(h.b.batch_size + 1) * 4);
@@ -312,7 +321,7 @@ Result run_gpu(mla_plan *plan, const Host &h, const Dev &d, int heads, bool devi
                bool use_lse, dm::stream_t stream) {
     const mla_batch b = batch_for(h, device_meta ? &d : nullptr, null_last);
     const mla_tensors t =
-        tensors_for(h, d.q.get(), d.kv.get(), d.scales.get(), d.indices.as<int32_t>(), nullptr, nullptr);
+        tensors_for(h, d.q.get(), d.kv.get(), d.scale_ptr(), d.indices.as<int32_t>(), nullptr, nullptr);
     return run_gpu_tensors(plan, h, b, t, heads, use_lse, stream);
 }
 
@@ -662,7 +671,7 @@ void test_graph_capture() {
         st_meta = mla_plan_build_metadata(gpu.p, &b, stream);
         for (int l = 0; l < layers; ++l) {
             const Dev &d = *dev[size_t(l)];
-            const mla_tensors t = tensors_for(*host[0][l], d.q.get(), d.kv.get(), d.scales.get(),
+            const mla_tensors t = tensors_for(*host[0][l], d.q.get(), d.kv.get(), d.scale_ptr(),
                                               d.indices.as<int32_t>(), out[size_t(l)]->data(),
                                               static_cast<float *>(lse[size_t(l)]->data()));
             st_exec[l] = mla_plan_execute(gpu.p, &t, stream);
@@ -810,7 +819,7 @@ void test_validate_device_inputs() {
     dm::h2d(d.indices.as<int32_t>() + 2, &bad_page, 4);
     DevOut out(h.rows(s.heads) * kDV * 2);
     out.poison();
-    const mla_tensors t = tensors_for(h, d.q.get(), d.kv.get(), d.scales.get(), d.indices.as<int32_t>(), out.data(),
+    const mla_tensors t = tensors_for(h, d.q.get(), d.kv.get(), d.scale_ptr(), d.indices.as<int32_t>(), out.data(),
                                       nullptr);
     st = mla_plan_execute(gpu.p, &t, nullptr);
     REQUIRE(st == MLA_ERROR_DEVICE_VALIDATION_FAILED, "bad device page index: got %s", mla_status_string(st));
@@ -855,7 +864,7 @@ void test_validate_device_inputs() {
     MLA_CHECK(mla_plan_build_metadata(gi.p, &bi, nullptr));
     DevOut oi(hi.rows(si.heads) * kDV * 2);
     oi.poison();
-    const mla_tensors ti = tensors_for(hi, di.q.get(), di.kv.get(), di.scales.get(), nullptr, oi.data(), nullptr);
+    const mla_tensors ti = tensors_for(hi, di.q.get(), di.kv.get(), di.scale_ptr(), nullptr, oi.data(), nullptr);
     st = mla_plan_execute(gi.p, &ti, nullptr);
     REQUIRE(st == MLA_ERROR_DEVICE_VALIDATION_FAILED, "identity table past num_pages: got %s", mla_status_string(st));
     dm::device_sync();
@@ -983,11 +992,11 @@ int main() {
         std::fflush(stdout);
     }
     std::printf("test_gpu summary: %d/%d tests passed; %d random configs (%d failed, %d dtype pairs, batch <= %d, "
-                "kv_len <= %d), %zu rows checked; worst out error %.3f of tolerance (|err| %.3g, %s), worst |lse err| "
-                "%.3g\n",
+                "kv_len <= %d), %zu rows checked; worst out error %.3f of tolerance (|err| %.3g, %s), worst lse error "
+                "%.3f of tolerance\n",
                 ran - failed, ran, g_stats.configs, g_stats.failed, g_stats.pairs_seen,
                 g_stats.max_batch, g_stats.max_kv, g_stats.rows, g_stats.worst_ratio, g_stats.worst_abs,
-                g_stats.worst_where.empty() ? "-" : g_stats.worst_where.c_str(), g_stats.worst_lse);
+                g_stats.worst_where.empty() ? "-" : g_stats.worst_where.c_str(), g_stats.worst_lse_ratio);
     if (ran == 0) {
         std::printf("test_gpu: MLA_GPU_TEST_ONLY=%s names no test\n", only);
         return 1;

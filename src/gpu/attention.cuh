@@ -25,14 +25,20 @@ struct AttentionShape {
 #else
     static constexpr int N = 32;
 #endif
-    static constexpr int kMinBlocksPerSm = ROWS <= 16 ? 2 : 1;
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int WM = ROWS / 16;               // warps along rows
     static constexpr int WN = kWarps / WM;             // warps along columns
     // S = Q K^T: each warp owns 16 rows x kSCols columns x (576 / kKSplit) of
-    // the reduction; with more warps than 8-column groups the reduction is
-    // split and the softmax adds the kKSplit partial sums.
-    static constexpr int kSCols = N / WN >= 8 ? N / WN : 8;
+    // the reduction; with more warps than column groups the reduction is
+    // split and the softmax adds the kKSplit partial sums. On the MMA path a
+    // warp takes at least 16 columns, so each Q fragment it reads from shared
+    // memory feeds two MMAs (5% faster than 8 columns on the H200).
+#if defined(MLA_PORTABLE_KERNELS)
+    static constexpr int kMinSCols = 8;
+#else
+    static constexpr int kMinSCols = 16;
+#endif
+    static constexpr int kSCols = N / WN >= kMinSCols ? N / WN : kMinSCols;
     static constexpr int kColGroups = N / kSCols;
     static constexpr int kKSplit = WN / kColGroups;
     static constexpr int kKPerWarp = MLA_HEAD_DIM_QK / kKSplit;
@@ -42,7 +48,13 @@ struct AttentionShape {
     // softmax threads per row (>= 2 columns each); threads past ROWS x kRowThreads sit it out
     static constexpr int kRowThreads = kThreads / ROWS < N / 2 ? kThreads / ROWS : N / 2;
     static constexpr int kRowCols = N / kRowThreads;
-    using Kv = KvTile<KV, N>;
+    // Two tiles in flight: tile j + 2 is issued into tile j's stage once that
+    // is consumed (bf16: after the P V of the iteration; quantised: after its
+    // decode). Three stages with the issue at the top of the loop measured
+    // slower on the H200 (bf16 and fp8 then fit one CTA per SM; MXFP4, which
+    // still fits two, gained nothing): docs/performance.md, v5.
+    static constexpr int kStages = 2;
+    using Kv = KvTile<KV, N, kStages>;
 
     static constexpr int kQBytes = ROWS * kKvLd * 2;
     static constexpr int kSBytes = kKSplit * ROWS * kSLd * 4;
@@ -50,6 +62,9 @@ struct AttentionShape {
     static constexpr int kStatBytes = 3 * ROWS * 4;
     static constexpr int kSmemBytes = kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + Kv::kConvertedBytes + kSBytes +
                                       kPBytes + kStatBytes + Kv::kRowMetaBytes;
+    // Two CTAs per SM when their shared memory fits (one's copies and
+    // barriers then overlap the other's math).
+    static constexpr int kMinBlocksPerSm = ROWS <= 16 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
     static_assert(kSCols % 8 == 0 && kOCols % 16 == 0 && kKPerWarp % 16 == 0, "warp tiling");
     static_assert(kRowCols % 2 == 0, "softmax writes column pairs");
     static_assert((ROWS * kRowThreads) % MLA_WARP_SIZE == 0, "softmax leaves whole warps idle");
@@ -60,7 +75,7 @@ struct AttentionShape {
 };
 
 template <int ROWS, int KV>
-__global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = AttentionShape::kMinBlocksPerSm
+__global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlocksPerSm))
     attention_kernel(const AttentionParams p) {
     using S = AttentionShape<ROWS, KV>;
     constexpr int N = S::N;
@@ -85,8 +100,7 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
     float *row_l = row_m + ROWS;                       // running sum
     float *row_alpha = row_l + ROWS;                   // rescale of this tile
     cursor += S::kStatBytes;
-    kv.row_offset = reinterpret_cast<int64_t *>(cursor);
-    kv.scale_shift = cursor + S::Kv::kStages * N * 8;
+    kv.scale_shift = cursor;
 
     const int tid = threadIdx.x, lane = tid % MLA_WARP_SIZE, warp = tid / MLA_WARP_SIZE;
     const int wm = warp % S::WM, wn = warp / S::WM;
@@ -101,10 +115,14 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
         row_l[tid] = 0.0f;
     }
     load_q<ROWS>(p, w, h0, heads, qs);
-    if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
-    async_commit();
-    if (num_tiles > 1) kv.issue(p, w, w.kv_begin + N, 1);
-    async_commit();
+#pragma unroll
+    for (int t = 0; t < S::kStages; ++t) {
+        if (t < num_tiles) {
+            kv.issue(p, w, w.kv_begin + t * N, t);
+            kv.finish_issue(t);
+        }
+        async_commit();  // one group per tile, empty or not: the waits count groups
+    }
 
     float o_acc[kONt][E];
 #pragma unroll
@@ -112,14 +130,21 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
 #pragma unroll
         for (int e = 0; e < E; ++e) o_acc[i][e] = 0.0f;
 
+    // Softmax thread mapping and the row's causal limit: query token t of the
+    // sequence's q_len sees keys < kv_len - q_len + t + 1.
+    const bool softmax_thread = tid < ROWS * S::kRowThreads;
+    const int sm_row = tid / S::kRowThreads, sm_col = (tid % S::kRowThreads) * S::kRowCols;
+    const int visible_end =
+        sm_row < rows_valid ? min(w.kv_end, w.kv_len - w.q_len + sm_row / heads + 1) : w.kv_begin;
+
     for (int j = 0; j < num_tiles; ++j) {
-        const int stage = j & 1, t0 = w.kv_begin + j * N;
-        async_wait<1>();
+        const int stage = j & 1, t0 = w.kv_begin + j * N, next = j + S::kStages;
+        async_wait<S::kStages - 1>();  // tile j has landed
         __syncthreads();
         const uint16_t *kt = kv.bf16_tile(stage);
         if (S::Kv::kQuantized) {
-            __syncthreads();
-            if (j + 2 < num_tiles) kv.issue(p, w, t0 + 2 * N, stage);
+            __syncthreads();  // the whole tile is decoded: its raw stage is free
+            if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage);
             async_commit();
         }
 
@@ -141,10 +166,8 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
         __syncthreads();
 
         // Online softmax: kRowThreads threads per row, kRowCols columns each.
-        if (tid < ROWS * S::kRowThreads) {
-            const int r = tid / S::kRowThreads, c0 = (tid % S::kRowThreads) * S::kRowCols;
-            // Causal: query token t of the sequence's q_len sees keys < kv_len - q_len + t + 1.
-            const int visible_end = min(w.kv_end, w.kv_len - w.q_len + r / heads + 1);
+        if (softmax_thread) {
+            const int r = sm_row, c0 = sm_col;
             float sv[S::kRowCols];
             float mt = kNegInf;
 #pragma unroll
@@ -154,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
                 for (int k = 0; k < S::kKSplit; ++k) v += ss[(k * ROWS + r) * S::kSLd + c0 + c];
                 v *= p.qk_scale;
                 if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
-                sv[c] = r < rows_valid && t0 + c0 + c < visible_end ? v * kLog2e : kNegInf;
+                sv[c] = t0 + c0 + c < visible_end ? v * kLog2e : kNegInf;
                 mt = fmaxf(mt, sv[c]);
             }
 #pragma unroll
@@ -162,15 +185,14 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
             const float m_old = row_m[r];
             const float m_new = fmaxf(m_old, mt);
             const bool empty = m_new == kNegInf;
-            const float alpha = empty ? 1.0f : exp2f(m_old - m_new);
+            const float alpha = empty ? 1.0f : fast_exp2(m_old - m_new);
             float sum = 0.0f;
 #pragma unroll
             for (int c = 0; c < S::kRowCols; c += 2) {
-                const float p0 = empty ? 0.0f : exp2f(sv[c] - m_new);
-                const float p1 = empty ? 0.0f : exp2f(sv[c + 1] - m_new);
+                const float p0 = empty ? 0.0f : fast_exp2(sv[c] - m_new);
+                const float p1 = empty ? 0.0f : fast_exp2(sv[c + 1] - m_new);
                 sum += p0 + p1;
-                *reinterpret_cast<uint32_t *>(ps + r * S::kPLd + c0 + c) =
-                    uint32_t(float_to_bf16(p0)) | (uint32_t(float_to_bf16(p1)) << 16);
+                *reinterpret_cast<uint32_t *>(ps + r * S::kPLd + c0 + c) = pack_bf16x2_rn(p0, p1);
             }
 #pragma unroll
             for (int off = S::kRowThreads / 2; off > 0; off >>= 1) sum += MLA_SHFL_XOR(sum, off);
@@ -191,9 +213,13 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
             for (int i = 0; i < kONt; ++i) o_acc[i][e] *= a;
         }
         Tile::ab<kONt, N>(o_acc, ps + wm * 16 * S::kPLd, S::kPLd, kt + wn * S::kOCols, kKvLd);
-        __syncthreads();
-        if (!S::Kv::kQuantized) {
-            if (j + 2 < num_tiles) kv.issue(p, w, t0 + 2 * N, stage);
+        if (S::Kv::kQuantized) {
+            if (next < num_tiles) kv.finish_issue(stage);
+            // No barrier: the next iteration's first one orders this tile's
+            // reads of S, P and the decoded tile before their next writes.
+        } else {
+            __syncthreads();  // every warp's P V read of the stage is done
+            if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage);
             async_commit();
         }
     }
@@ -217,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, (ROWS <= 16 ? 2 : 1))  // = Attentio
                 *reinterpret_cast<float2 *>(slot + r * MLA_HEAD_DIM_V + c) = make_float2(v0, v1);
             } else {
                 uint16_t *o = p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + c;
-                *reinterpret_cast<uint32_t *>(o) = uint32_t(float_to_bf16(v0)) | (uint32_t(float_to_bf16(v1)) << 16);
+                *reinterpret_cast<uint32_t *>(o) = pack_bf16x2_rn(v0, v1);
             }
         }
     }

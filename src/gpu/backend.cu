@@ -242,7 +242,7 @@ public:
     }
 
 private:
-    static constexpr int32_t kMinSplitBlocks = 2;
+    static constexpr int32_t kMinSplitBlocks = 1;
 
     ScheduleSummary *summary() { return static_cast<ScheduleSummary *>(metadata_); }
     SeqSchedule *seqs() { return reinterpret_cast<SeqSchedule *>(static_cast<uint8_t *>(metadata_) + layout_.seqs_offset); }

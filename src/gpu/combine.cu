@@ -2,22 +2,29 @@
 // out = sum_k exp(lse_k - M) O_k / sum_k exp(lse_k - M),  lse = M + ln(sum ...).
 #include <math.h>
 
+#include "../formats_packed.h"
 #include "kernels.h"
 
 namespace mla {
 namespace gpu {
 namespace {
 
-// One warp per row: blockIdx.x = (sequence, head block, group of kWarps
-// rows), so even a batch of a few split sequences spreads over many SMs. The
-// lanes reduce the splits' LSEs, then each lane merges 4-column slices of the
-// 512 columns for every split (the slices' loads are independent, so they
-// overlap), in split order: bitwise deterministic.
+// One warp per (row, block of kWarpCols columns): blockIdx.x = (sequence,
+// head block, group of kRowsPerCta rows), so a batch of a few split sequences
+// still spreads over many SMs. Each warp reduces the splits' LSEs itself (the
+// few redundant loads are cheaper than a CTA barrier), then merges its column
+// block for kBatch splits at a time: their loads are issued together so the
+// L2 latency is paid once per batch, and the sums still run in split order
+// (bitwise deterministic for a given split count).
 constexpr int kCombineWarps = kThreads / MLA_WARP_SIZE;
+constexpr int kWarpCols = MLA_WARP_SIZE * 4;                   // a float4 per lane
+constexpr int kColBlocks = MLA_HEAD_DIM_V / kWarpCols;         // warps per row
+constexpr int kRowsPerCta = kCombineWarps / kColBlocks;
+constexpr int kBatch = 8;
+static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
-    constexpr int kSlices = MLA_HEAD_DIM_V / (MLA_WARP_SIZE * 4);
-    const int row_groups = (p.rows_per_item + kCombineWarps - 1) / kCombineWarps;
+    const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
     const int group = blockIdx.x % row_groups, seq_hb = blockIdx.x / row_groups;
     const int seq = seq_hb / p.head_blocks, hb = seq_hb % p.head_blocks;
     // The grid covers the plan's max_batch; sequences past this batch exit.
@@ -27,18 +34,18 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     const int h0 = hb * p.heads_per_block;
     const int heads = min(p.heads_per_block, p.num_heads - h0);
     const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-    const int r = group * kCombineWarps + warp;
+    const int r = group * kRowsPerCta + warp / kColBlocks, col0 = (warp % kColBlocks) * kWarpCols + lane * 4;
     if (r >= s.q_len * heads) return;  // whole warps leave; no CTA-wide barrier below
     const float *first = p.partials + int64_t(s.partial_first + hb * s.splits) * p.slot_floats;
-    const int lse_off = p.rows_per_item * MLA_HEAD_DIM_V;
+    const float *lses = first + p.rows_per_item * MLA_HEAD_DIM_V + r;
 
     __shared__ float weights[kCombineWarps][MLA_MAX_SPLITS];
     float m = -INFINITY;
-    for (int k = lane; k < s.splits; k += MLA_WARP_SIZE) m = fmaxf(m, first[int64_t(k) * p.slot_floats + lse_off + r]);
+    for (int k = lane; k < s.splits; k += MLA_WARP_SIZE) m = fmaxf(m, lses[int64_t(k) * p.slot_floats]);
     for (int off = MLA_WARP_SIZE / 2; off > 0; off >>= 1) m = fmaxf(m, MLA_SHFL_XOR(m, off));
     float sum = 0.0f;
     for (int k = lane; k < s.splits; k += MLA_WARP_SIZE) {
-        const float wk = m == -INFINITY ? 0.0f : expf(first[int64_t(k) * p.slot_floats + lse_off + r] - m);
+        const float wk = m == -INFINITY ? 0.0f : expf(lses[int64_t(k) * p.slot_floats] - m);
         weights[warp][k] = wk;
         sum += wk;
     }
@@ -46,38 +53,36 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     __syncwarp();
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
-    float4 acc[kSlices];
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float *src = first + r * MLA_HEAD_DIM_V + col0;
+    for (int k0 = 0; k0 < s.splits; k0 += kBatch) {
+        float4 o[kBatch];
 #pragma unroll
-    for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float *src = first + r * MLA_HEAD_DIM_V + lane * 4;
-#pragma unroll 2
-    for (int k = 0; k < s.splits; ++k) {
-        const float wk = weights[warp][k];
+        for (int i = 0; i < kBatch; ++i)
+            o[i] = k0 + i < s.splits ? *reinterpret_cast<const float4 *>(src + int64_t(k0 + i) * p.slot_floats)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int i = 0; i < kSlices; ++i) {
-            const float4 o = *reinterpret_cast<const float4 *>(src + int64_t(k) * p.slot_floats + i * MLA_WARP_SIZE * 4);
-            acc[i].x += wk * o.x;
-            acc[i].y += wk * o.y;
-            acc[i].z += wk * o.z;
-            acc[i].w += wk * o.w;
+        for (int i = 0; i < kBatch; ++i) {
+            if (k0 + i >= s.splits) break;
+            const float wk = weights[warp][k0 + i];
+            acc.x += wk * o[i].x;
+            acc.y += wk * o[i].y;
+            acc.z += wk * o[i].z;
+            acc.w += wk * o[i].w;
         }
     }
     const int tok = s.q_begin + r / heads, h = h0 + r % heads;
-    uint16_t *dst = p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + lane * 4;
-#pragma unroll
-    for (int i = 0; i < kSlices; ++i) {
-        uint2 packed;
-        packed.x = uint32_t(float_to_bf16(acc[i].x * inv)) | (uint32_t(float_to_bf16(acc[i].y * inv)) << 16);
-        packed.y = uint32_t(float_to_bf16(acc[i].z * inv)) | (uint32_t(float_to_bf16(acc[i].w * inv)) << 16);
-        *reinterpret_cast<uint2 *>(dst + i * MLA_WARP_SIZE * 4) = packed;
-    }
-    if (lane == 0 && p.lse) p.lse[int64_t(tok) * p.num_heads + h] = sum > 0.0f ? m + logf(sum) : -INFINITY;
+    uint2 packed;
+    packed.x = pack_bf16x2_rn(acc.x * inv, acc.y * inv);
+    packed.y = pack_bf16x2_rn(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2 *>(p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + col0) = packed;
+    if (lane == 0 && col0 == 0 && p.lse) p.lse[int64_t(tok) * p.num_heads + h] = sum > 0.0f ? m + logf(sum) : -INFINITY;
 }
 
 }  // namespace
 
 int combine_grid(int max_batch, int head_blocks, int rows_per_item) {
-    return max_batch * head_blocks * ((rows_per_item + kCombineWarps - 1) / kCombineWarps);
+    return max_batch * head_blocks * ((rows_per_item + kRowsPerCta - 1) / kRowsPerCta);
 }
 
 hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream) {

@@ -386,6 +386,10 @@ T shfl_xor(T v, int mask) {
     return shuffle_from(v, [](int lane, int m) { return lane ^ m; }, mask);
 }
 template <class T>
+T shfl(T v, int src) {
+    return shuffle_from(v, [](int, int s) { return s; }, src);
+}
+template <class T>
 T shfl_up(T v, int delta) {
     return shuffle_from(v, [](int lane, int d) { return lane >= d ? lane - d : -1; }, delta);
 }
@@ -433,6 +437,7 @@ inline int atomicCAS(int *a, int compare, int value) {
 
 #define MLA_SHFL_XOR(v, m) ::mla::emu::shfl_xor((v), (m))
 #define MLA_SHFL_UP(v, d) ::mla::emu::shfl_up((v), (d))
+#define MLA_SHFL(v, src) ::mla::emu::shfl((v), (src))
 #define MLA_LAUNCH(kernel, grid, threads, smem, stream) ((void)(stream), ::mla::emu::launch((kernel), (grid), (threads), (smem)))
 #define MLA_DYNAMIC_SMEM(type, name) type *name = static_cast<type *>(::mla::emu::dynamic_smem())
 

@@ -82,9 +82,11 @@ typedef cudaGraphExec_t hipGraphExec_t;
 // Device-side names. Warp shuffles take a full mask on NVIDIA.
 #define MLA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define MLA_SHFL_UP(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
+#define MLA_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
 #elif defined(__HIPCC__) || defined(__HIP__)
 #define MLA_SHFL_XOR(v, m) __shfl_xor((v), (m))
 #define MLA_SHFL_UP(v, d) __shfl_up((v), (d))
+#define MLA_SHFL(v, src) __shfl((v), (src))
 #ifndef __syncwarp
 #define __syncwarp() __builtin_amdgcn_wave_barrier()
 #endif
@@ -99,6 +101,19 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #endif
 
 #include "../errors.h"
+
+// 2^x for the softmax. NVIDIA: one ex2.approx.ftz (results below 2^-126
+// flush to zero: such a probability is invisible next to the row maximum's 1
+// in the bf16 P); elsewhere exp2f.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__) && !defined(MLA_GPU_EMULATED)
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return exp2f(x);
+#endif
+}
 
 namespace mla {
 
