@@ -59,13 +59,15 @@ struct KvTile {
         return int32_t(page);
     }
 
-    // MXFP4: the first scale bytes of each of this warp's rows when they do not
-    // start on a 4-byte boundary (lane 0 only): loaded by `issue` into
-    // registers, assembled and written to shared memory by `finish_issue`, so
-    // the loads' latency hides behind the tile's math instead of stalling.
-    uint32_t head_lo[kRowsPerWarp];  // the byte at an odd start (shifts 1, 3)
-    uint32_t head_hi[kRowsPerWarp];  // the 16-bit half word up to the next word (shifts 1, 2)
-    uint32_t head_shift;             // 2 bits per row; 0: nothing pending
+    // MXFP4: a row's scales start at any byte, so its first and last staged
+    // words may hold only part of it. A lane owning such a word loads just
+    // the row's bytes (at most one byte and one aligned half word) into
+    // registers in `issue`; `finish_issue` assembles and stores the word. The
+    // loads' latency hides behind the tile's math instead of stalling the
+    // warp, and nothing outside the row's scales is read.
+    uint32_t part8[kRowsPerWarp];   // the byte
+    uint32_t part16[kRowsPerWarp];  // the half word
+    uint32_t part_desc;             // 4 bits per row: pending, half word at byte 2, byte position (2 bits)
 
     // Issue the copies of tokens [t0, t0 + N) of a work item into stage `stage`.
     // Tokens at or past the item's end are zero-filled. Each warp copies whole
@@ -78,7 +80,7 @@ struct KvTile {
         constexpr int kChunks = kRowBytes / 16;
         constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
         const int page_mask = (1 << p.page_shift) - 1;
-        head_shift = 0;
+        part_desc = 0;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const int r = warp + i * kWarps, tok = t0 + r;
@@ -94,21 +96,20 @@ struct KvTile {
 
     __device__ void finish_issue(int stage) {
         if (KV != MLA_DTYPE_MXFP4) return;
-        const int warp = threadIdx.x / MLA_WARP_SIZE;
+        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
-            const int shift = (head_shift >> (2 * i)) & 3;
-            if (shift != 0)
-                *reinterpret_cast<uint32_t *>(scales + (stage * N + warp + i * kWarps) * kScaleLd) =
-                    (head_lo[i] << (8 * shift)) | (head_hi[i] << 16);
+            const uint32_t d = part_desc >> (4 * i);
+            if (d & 1u)
+                *reinterpret_cast<uint32_t *>(scales + (stage * N + warp + i * kWarps) * kScaleLd + lane * 4) =
+                    (part16[i] << (d & 2u ? 16 : 0)) | (part8[i] << (8 * ((d >> 2) & 3u)));
         }
     }
 
-    // Word `word` of the 18 scale bytes of KV row `row` into staged row `slot`,
-    // as aligned words of the scale array shifted by the row's misalignment:
-    // whole words by cp.async, the last one by a zero-filling cp.async of
-    // only its bytes of the row, the first one (when misaligned) byte by byte
-    // into head_lo/head_hi[i]. Nothing outside the row's scales is read.
+    // Word `word` (the lane) of the 18 scale bytes of KV row `row` into staged
+    // row `slot`, as aligned words of the scale array starting at the one that
+    // holds the row's first byte: whole words by cp.async, partial ones by
+    // byte and half-word loads deferred to finish_issue (part8/part16[i]).
     __device__ void issue_scales(const AttentionParams &p, int64_t row, int slot, int word, int i) {
         uint8_t *dst = scales + slot * kScaleLd + word * 4;
         if (row < 0) {
@@ -124,14 +125,20 @@ struct KvTile {
         const uint8_t *lo = first - shift + word * 4;  // this word's bytes [lo, lo + 4)
         if (word == 0) scale_shift[slot] = uint8_t(shift);
         if (lo >= end) return;  // past the row's scales: never read
-        if (lo < first) {
-            // bytes [first, lo + 4): an odd byte, then an aligned half word
-            head_lo[i] = shift & 1 ? uint32_t(*first) : 0u;
-            head_hi[i] = shift < 3 ? uint32_t(*reinterpret_cast<const uint16_t *>(lo + 2)) : 0u;
-            head_shift |= uint32_t(shift) << (2 * i);
+        bool has8, has16;
+        int at8, at16;
+        if (lo < first) {  // the first word: bytes [shift, 4)
+            has16 = shift <= 2, at16 = 2, has8 = shift & 1, at8 = shift;
+        } else if (lo + 4 > end) {  // the last word: bytes [0, n)
+            const int n = int(end - lo);
+            has16 = n >= 2, at16 = 0, has8 = n & 1, at8 = n - 1;
         } else {
-            copy4_async_prefix(dst, lo, lo + 4 <= end ? 4 : int(end - lo));
+            copy4_async(dst, lo, true);
+            return;
         }
+        part16[i] = has16 ? uint32_t(*reinterpret_cast<const uint16_t *>(lo + at16)) : 0u;
+        part8[i] = has8 ? uint32_t(lo[at8]) : 0u;
+        part_desc |= (1u | (at16 == 2 ? 2u : 0u) | (uint32_t(at8 & 3) << 2)) << (4 * i);
     }
 
     // bf16 view of stage `stage` after its copies landed (quantised: decode

@@ -203,19 +203,6 @@ __device__ __forceinline__ void copy4_async(void *smem, const void *gmem, bool v
 #endif
 }
 
-// The first `bytes` (0..4) bytes at a 4-byte aligned address, zero-filling the
-// rest of the 4; bytes past `bytes` are not read.
-__device__ __forceinline__ void copy4_async_prefix(void *smem, const void *gmem, int bytes) {
-#if defined(MLA_TILE_MMA_SYNC)
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
-#else
-    uint8_t *d = static_cast<uint8_t *>(smem);
-    const uint8_t *s = static_cast<const uint8_t *>(gmem);
-    for (int b = 0; b < 4; ++b) d[b] = b < bytes ? s[b] : 0;
-#endif
-}
-
 __device__ __forceinline__ void async_commit() {
 #if defined(MLA_TILE_MMA_SYNC)
     asm volatile("cp.async.commit_group;\n" ::);
