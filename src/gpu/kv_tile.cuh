@@ -89,7 +89,10 @@ struct KvTile {
             const uint8_t *src = p.kv + (row < 0 ? 0 : row) * kRowBytes;
             uint8_t *dst = landing + (size_t(stage) * N + r) * kLd;
 #pragma unroll
-            for (int ch = lane; ch < kChunks; ch += MLA_WARP_SIZE) copy16_async(dst + ch * 16, src + ch * 16, row >= 0);
+            for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
+                const int ch = lane + k * MLA_WARP_SIZE;
+                if (kChunks % MLA_WARP_SIZE == 0 || ch < kChunks) copy16_async(dst + ch * 16, src + ch * 16, row >= 0);
+            }
             if (KV == MLA_DTYPE_MXFP4 && lane < kScaleWords) issue_scales(p, row, stage * N + r, lane, i);
         }
     }

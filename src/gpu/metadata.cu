@@ -12,6 +12,10 @@ namespace {
 constexpr int kMetaThreads = 1024;
 
 constexpr int kMetaWarps = kMetaThreads / MLA_WARP_SIZE;
+// Sequences whose schedule the passes keep in shared memory (the rest go
+// through global memory): each pass would otherwise wait for a global load
+// of what the previous one wrote, and the item pass for one per sequence.
+constexpr int kCachedSeqs = 1024;
 static_assert(kMetaWarps <= MLA_WARP_SIZE, "one warp scans the warp totals");
 
 // Inclusive prefix sums of two values across a warp.
@@ -51,6 +55,8 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     __shared__ unsigned long long total_blocks;
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
+    __shared__ SeqSchedule cached[kCachedSeqs];
+    auto sched = [&](int b) -> SeqSchedule & { return b < kCachedSeqs ? cached[b] : p.seqs[b]; };
     if (tid == 0) {
         total_blocks = 0;
         first_error = INT_MAX;
@@ -79,13 +85,14 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         s.item_first = 0;
         s.partial_first = -1;
         s.reserved = 0;
-        p.seqs[b] = s;
+        sched(b) = s;
         if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len, g);
     }
     atomicAdd(&total_blocks, blocks);
     __syncthreads();
 
     if (first_error != INT_MAX) {
+        for (int b = b_begin; b < min(b_end, kCachedSeqs); ++b) p.seqs[b] = cached[b];
         if (tid == 0) {
             ScheduleSummary sum{};
             const int b = first_error / 8 - 1;
@@ -106,7 +113,7 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     const int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
     int items = 0, partials = 0, local_max = 0;
     for (int b = b_begin; b < b_end; ++b) {
-        SeqSchedule &s = p.seqs[b];
+        SeqSchedule &s = sched(b);
         s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), target, g);
         items += s.splits * g.head_blocks;
         if (s.splits > 1) partials += s.splits * g.head_blocks;
@@ -118,18 +125,21 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     const int total_items = totals.x, total_partials = totals.y;
     const bool fits = total_items <= g.max_items;
     int item_cursor = cursors.x, partial_cursor = cursors.y;
-    for (int b = b_begin; b < b_end && fits; ++b) {
-        SeqSchedule &s = p.seqs[b];
-        s.item_first = item_cursor;
-        s.partial_first = s.splits > 1 ? partial_cursor : -1;
-        item_cursor += s.splits * g.head_blocks;
-        if (s.splits > 1) partial_cursor += s.splits * g.head_blocks;
+    for (int b = b_begin; b < b_end; ++b) {
+        SeqSchedule &s = sched(b);
+        if (fits) {
+            s.item_first = item_cursor;
+            s.partial_first = s.splits > 1 ? partial_cursor : -1;
+            item_cursor += s.splits * g.head_blocks;
+            if (s.splits > 1) partial_cursor += s.splits * g.head_blocks;
+        }
+        if (b < kCachedSeqs) p.seqs[b] = s;
     }
-    __syncthreads();  // every sequence's schedule is in p.seqs
+    __syncthreads();  // every sequence's schedule is final
     // The items: a warp per sequence, a lane per item.
     const int lane = tid % MLA_WARP_SIZE;
     for (int b = tid / MLA_WARP_SIZE; b < n && fits; b += kMetaWarps) {
-        const SeqSchedule s = p.seqs[b];
+        const SeqSchedule s = sched(b);
         const int count = s.splits * g.head_blocks;
         for (int j = lane; j < count; j += MLA_WARP_SIZE)
             p.items[s.item_first + j] = make_item(b, s, g, j / s.splits, j % s.splits);
