@@ -1,13 +1,20 @@
 // A CPU emulation of the HIP runtime and of the device built-ins the kernels
-// use, so the portable kernels (the ones AMD runs) execute on the host: every
-// CTA runs its threads as cooperative fibers that switch at barriers and
-// shuffles. Built as a separate test library (-DMLA_GPU_EMULATED, see
+// use, so the GPU backend's kernels execute on the host: every CTA runs its
+// threads as cooperative fibers that switch at barriers and warp-collective
+// operations. Built as separate test libraries (-DMLA_GPU_EMULATED, see
 // tests/meson.build) so CI, which has no GPU, runs tests/test_gpu against the
 // CPU backend through the real GPU backend code: scheduling kernel, paged
 // loads, masking, split-KV, combine, validation kernels.
 //
-// Emulated device: 1 GPU, 4 SMs, 64 KB of shared memory per block, 64-wide
-// wavefronts (AMD's shape, so the row tile is capped at 16 rows as on AMD).
+// Two emulated devices, both 1 GPU with 4 SMs:
+//   default                   AMD's shape: 64-wide wavefronts, 64 KB of shared
+//                             memory per block, the portable kernels.
+//   MLA_GPU_EMULATED_NVIDIA   an sm_90-like device: 32-wide warps, 227 KB of
+//                             shared memory, and the NVIDIA kernels' own path:
+//                             ldmatrix, mma.sync m16n8k16 bf16 and cp.async
+//                             (whose copies land only when a wait_group
+//                             requires them, the latest the PTX rules allow,
+//                             so a read before its wait sees stale bytes).
 // Barrier divergence (a warp whose lanes wait at different barriers, or a
 // CTA barrier that some threads never reach) aborts with a message.
 // Kernel launches are serialised process-wide. Context switches are a few
@@ -27,7 +34,13 @@
 #include <mutex>
 #include <vector>
 
+#include <deque>
+
+#if defined(MLA_GPU_EMULATED_NVIDIA)
+#define MLA_WARP_SIZE 32
+#else
 #define MLA_WARP_SIZE 64
+#endif
 
 // ---- runtime API (host memory stands in for device memory) ---------------------
 
@@ -50,7 +63,13 @@ constexpr unsigned hipEventDisableTiming = 2, hipStreamNonBlocking = 1;
 namespace mla {
 namespace emu {
 constexpr int kSms = 4;
+#if defined(MLA_GPU_EMULATED_NVIDIA)
+constexpr int kSharedMemoryPerBlock = 227 * 1024;
+constexpr int kSharedMemoryPerSm = 228 * 1024;
+#else
 constexpr int kSharedMemoryPerBlock = 64 * 1024;
+constexpr int kSharedMemoryPerSm = 64 * 1024;
+#endif
 inline void *stream_token() {
     static int token;
     return &token;
@@ -126,8 +145,9 @@ inline hipError_t hipFuncSetAttribute(const void *, hipFuncAttribute, int bytes)
     return bytes <= mla::emu::kSharedMemoryPerBlock ? hipSuccess : hipErrorInvalidValue;
 }
 template <class Kernel>
-hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, Kernel, int, size_t) {
-    *blocks = 1;
+hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, Kernel, int, size_t smem) {
+    const int by_smem = int(mla::emu::kSharedMemoryPerSm / (smem + 1024));
+    *blocks = by_smem < 1 ? 1 : by_smem > 2 ? 2 : by_smem;  // the kernels are sized for <= 2 per SM
     return hipSuccess;
 }
 // Graphs are not emulated.
@@ -182,6 +202,7 @@ namespace mla {
 namespace emu {
 
 enum FiberState { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
+constexpr int kExchangeWords = 8;
 
 struct Fiber {
 #if defined(__x86_64__)
@@ -215,6 +236,17 @@ struct Cta {
 #endif
     std::vector<Fiber> fibers;
     std::vector<uint64_t> lanes;            // shuffle exchange, one slot per thread
+    std::vector<uint32_t> exchange;         // warp-collective operands, kExchangeWords per thread
+    struct Copy {
+        void *dst;
+        const void *src;
+        int bytes, src_bytes;  // bytes past src_bytes are zero-filled
+    };
+    struct AsyncCopies {
+        std::vector<Copy> open;               // issued, not yet committed
+        std::deque<std::vector<Copy>> groups;  // committed, oldest first
+    };
+    std::vector<AsyncCopies> copies;        // per thread (cp.async)
     std::vector<unsigned char> dynamic_smem;
     const std::function<void()> *body = nullptr;
 };
@@ -345,6 +377,8 @@ struct Launch {
         c.grid = grid;
         c.threads = threads;
         c.lanes.assign(threads, 0);
+        c.exchange.assign(size_t(threads) * kExchangeWords, 0);
+        c.copies.assign(threads, Cta::AsyncCopies{});
         for (unsigned b = 0; b < grid; ++b) {
             c.block = b;
             c.dynamic_smem.assign(smem + 16, 0xff);  // uninitialised shared memory reads as NaN
@@ -392,6 +426,103 @@ T shfl(T v, int src) {
 template <class T>
 T shfl_up(T v, int delta) {
     return shuffle_from(v, [](int lane, int d) { return lane >= d ? lane - d : -1; }, delta);
+}
+
+// ---- the NVIDIA warp-level operations (MLA_GPU_EMULATED_NVIDIA) ----
+
+// Every lane of the warp publishes `n` words and gets the warp's words
+// (lane-major, kExchangeWords apart) to read until the matching release.
+inline const uint32_t *warp_publish(const uint32_t *words, int n) {
+    Cta &c = cta();
+    const int t = c.current, base = t - t % MLA_WARP_SIZE;
+    memcpy(&c.exchange[size_t(t) * kExchangeWords], words, size_t(n) * 4);
+    wait_at(kAtWarpBarrier);
+    return &c.exchange[size_t(base) * kExchangeWords];
+}
+inline void warp_release() { wait_at(kAtWarpBarrier); }
+
+inline uint32_t load_u32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+inline uint32_t load_u16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+// ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lane 8m + r gives
+// the address of row r of matrix m; a lane gets two b16 of each matrix.
+inline void ldmatrix(uint32_t *r, int count, const void *row_address, bool trans) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(row_address);
+    const uint32_t mine[2] = {uint32_t(a), uint32_t(uint64_t(a) >> 32)};
+    const uint32_t *all = warp_publish(mine, 2);
+    auto row = [&](int lane) {
+        const uint32_t *w = all + size_t(lane) * kExchangeWords;
+        return reinterpret_cast<const uint8_t *>(uintptr_t(uint64_t(w[0]) | (uint64_t(w[1]) << 32)));
+    };
+    const int lane = cta().current % MLA_WARP_SIZE, g = lane / 4, t = lane % 4;
+    for (int m = 0; m < count; ++m) {
+        if (!trans) {
+            r[m] = load_u32(row(8 * m + g) + 4 * t);
+        } else {  // elements (2t, g) and (2t + 1, g) of the matrix
+            r[m] = load_u16(row(8 * m + 2 * t) + 2 * g) | (load_u16(row(8 * m + 2 * t + 1) + 2 * g) << 16);
+        }
+    }
+    warp_release();
+}
+
+inline float bf16_bits_to_float(uint32_t h) {
+    const uint32_t bits = h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, D = A B + C in place.
+// Fragments (g = lane / 4, t = lane % 4): a0 A[g][2t..], a1 A[g+8][2t..],
+// a2 A[g][2t+8..], a3 A[g+8][2t+8..]; b0 B[2t..][g], b1 B[2t+8..][g];
+// c0, c1 D[g][2t, 2t+1], c2, c3 D[g+8][2t, 2t+1].
+inline void mma_bf16_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+    const uint32_t *all = warp_publish(mine, 6);
+    auto A = [&](int i, int k) {
+        const int reg = (i >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), lane = (i % 8) * 4 + (k % 8) / 2;
+        return bf16_bits_to_float((all[size_t(lane) * kExchangeWords + reg] >> (16 * (k & 1))) & 0xffffu);
+    };
+    auto B = [&](int k, int j) {
+        const int reg = 4 + (k >= 8 ? 1 : 0), lane = j * 4 + (k % 8) / 2;
+        return bf16_bits_to_float((all[size_t(lane) * kExchangeWords + reg] >> (16 * (k & 1))) & 0xffffu);
+    };
+    const int lane = cta().current % MLA_WARP_SIZE, g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int i = g + (e >= 2 ? 8 : 0), j = 2 * t + (e & 1);
+        float d = c[e];
+        for (int k = 0; k < 16; ++k) d = fmaf(A(i, k), B(k, j), d);
+        c[e] = d;
+    }
+    warp_release();
+}
+
+// cp.async: queued per thread, landed by cp_async_wait.
+inline void cp_async(void *dst, const void *src, int bytes, int src_bytes) {
+    cta().copies[size_t(cta().current)].open.push_back({dst, src, bytes, src_bytes});
+}
+inline void cp_async_commit() {
+    Cta::AsyncCopies &q = cta().copies[size_t(cta().current)];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+}
+inline void cp_async_wait(int pending) {
+    Cta::AsyncCopies &q = cta().copies[size_t(cta().current)];
+    while (int(q.groups.size()) > pending) {
+        for (const Cta::Copy &k : q.groups.front()) {
+            if (k.src_bytes > 0) memcpy(k.dst, k.src, size_t(k.src_bytes));
+            memset(static_cast<char *>(k.dst) + k.src_bytes, 0, size_t(k.bytes - k.src_bytes));
+        }
+        q.groups.pop_front();
+    }
 }
 
 }  // namespace emu

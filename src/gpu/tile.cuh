@@ -23,11 +23,15 @@ namespace gpu {
 // 64 KB of LDS. Always on AMD; on NVIDIA with -Dportable_kernels=true
 // (MLA_FORCE_SIMT_TILE) so the AMD code path can be tested on NVIDIA hardware.
 // Defined identically in host and device passes: tile sizes depend on it.
-#if defined(MLA_GPU_AMD) || defined(__HIP_PLATFORM_AMD__) || defined(MLA_FORCE_SIMT_TILE) || defined(MLA_GPU_EMULATED)
+// The CPU emulation runs the portable kernels, or with MLA_GPU_EMULATED_NVIDIA
+// the NVIDIA path with its warp-level operations emulated (emulated.h).
+#if defined(MLA_GPU_AMD) || defined(__HIP_PLATFORM_AMD__) || defined(MLA_FORCE_SIMT_TILE) || \
+    (defined(MLA_GPU_EMULATED) && !defined(MLA_GPU_EMULATED_NVIDIA))
 #define MLA_PORTABLE_KERNELS 1
 #endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MLA_PORTABLE_KERNELS)
+#if ((defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(MLA_GPU_EMULATED_NVIDIA)) && \
+    !defined(MLA_PORTABLE_KERNELS)
 #define MLA_TILE_MMA_SYNC 1
 #endif
 
@@ -37,7 +41,14 @@ struct MmaSyncTile {
     __device__ static int row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
     __device__ static int col(int lane, int e) { return ((lane & 3) << 1) + (e & 1); }
 
-#if defined(MLA_TILE_MMA_SYNC)
+#if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
+    __device__ static void ldsm_x4(uint32_t (&r)[4], const void *p) { emu::ldmatrix(r, 4, p, false); }
+    __device__ static void ldsm_x2(uint32_t (&r)[2], const void *p) { emu::ldmatrix(r, 2, p, false); }
+    __device__ static void ldsm_x4_trans(uint32_t (&r)[4], const void *p) { emu::ldmatrix(r, 4, p, true); }
+    __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        emu::mma_bf16_m16n8k16(c, a, b0, b1);
+    }
+#elif defined(MLA_TILE_MMA_SYNC)
     __device__ static uint32_t smem_addr(const void *p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
     __device__ static void ldsm_x4(uint32_t (&r)[4], const void *p) {
@@ -62,6 +73,8 @@ struct MmaSyncTile {
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
+#endif
+#if defined(MLA_TILE_MMA_SYNC)
     // A fragment of rows 0..15, columns k0..k0+15.
     __device__ static void load_a(uint32_t (&a)[4], const uint16_t *A, int lda, int k0, int lane) {
         ldsm_x4(a, A + (lane & 15) * lda + k0 + ((lane >> 4) << 3));
@@ -183,7 +196,9 @@ using Tile = SimtTile;
 // ---- Asynchronous global -> shared copies ---------------------------------
 // 16 bytes; zero-fills the destination when !valid (src is then not read).
 __device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool valid) {
-#if defined(MLA_TILE_MMA_SYNC)
+#if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
+    emu::cp_async(smem, gmem, 16, valid ? 16 : 0);
+#elif defined(MLA_TILE_MMA_SYNC)
     const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 #else
@@ -195,7 +210,9 @@ __device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool 
 
 // 4 bytes from a 4-byte aligned address.
 __device__ __forceinline__ void copy4_async(void *smem, const void *gmem, bool valid) {
-#if defined(MLA_TILE_MMA_SYNC)
+#if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
+    emu::cp_async(smem, gmem, 4, valid ? 4 : 0);
+#elif defined(MLA_TILE_MMA_SYNC)
     const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 #else
@@ -204,7 +221,9 @@ __device__ __forceinline__ void copy4_async(void *smem, const void *gmem, bool v
 }
 
 __device__ __forceinline__ void async_commit() {
-#if defined(MLA_TILE_MMA_SYNC)
+#if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
+    emu::cp_async_commit();
+#elif defined(MLA_TILE_MMA_SYNC)
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
@@ -212,7 +231,9 @@ __device__ __forceinline__ void async_commit() {
 // Wait until at most N committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void async_wait() {
-#if defined(MLA_TILE_MMA_SYNC)
+#if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
+    emu::cp_async_wait(N);
+#elif defined(MLA_TILE_MMA_SYNC)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
