@@ -382,6 +382,8 @@ struct Launch {
         for (unsigned b = 0; b < grid; ++b) {
             c.block = b;
             c.dynamic_smem.assign(smem + 16, 0xff);  // uninitialised shared memory reads as NaN
+            // Copies a previous CTA left in flight are dropped with its shared memory.
+            for (Cta::AsyncCopies &q : c.copies) q = Cta::AsyncCopies{};
             run_cta();
         }
         c.body = nullptr;
