@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         sm_row < rows_valid ? min(w.kv_end, w.kv_len - w.q_len + sm_row / heads + 1) : w.kv_begin;
 
     for (int j = 0; j < num_tiles; ++j) {
-        const int stage = j & 1, t0 = w.kv_begin + j * N, next = j + S::kStages;
+        const int stage = j % S::kStages, t0 = w.kv_begin + j * N, next = j + S::kStages;
         async_wait<S::kStages - 1>();  // tile j has landed
         __syncthreads();
         const uint16_t *kt = kv.bf16_tile(stage);

@@ -29,12 +29,11 @@
 #include <string.h>
 #include <ucontext.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
-
-#include <deque>
 
 #if defined(MLA_GPU_EMULATED_NVIDIA)
 #define MLA_WARP_SIZE 32
@@ -163,6 +162,8 @@ inline hipError_t hipGraphExecDestroy(hipGraphExec_t) { return hipSuccess; }
 #if !defined(MLA_EMU_HOST_API_ONLY)
 
 // ---- device side -------------------------------------------------------------
+
+#include "../formats.h"  // bf16_to_float for the emulated MMA
 
 #define __global__
 #define __device__
@@ -475,13 +476,6 @@ inline void ldmatrix(uint32_t *r, int count, const void *row_address, bool trans
     warp_release();
 }
 
-inline float bf16_bits_to_float(uint32_t h) {
-    const uint32_t bits = h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, D = A B + C in place.
 // Fragments (g = lane / 4, t = lane % 4): a0 A[g][2t..], a1 A[g+8][2t..],
 // a2 A[g][2t+8..], a3 A[g+8][2t+8..]; b0 B[2t..][g], b1 B[2t+8..][g];
@@ -491,11 +485,11 @@ inline void mma_bf16_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0
     const uint32_t *all = warp_publish(mine, 6);
     auto A = [&](int i, int k) {
         const int reg = (i >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), lane = (i % 8) * 4 + (k % 8) / 2;
-        return bf16_bits_to_float((all[size_t(lane) * kExchangeWords + reg] >> (16 * (k & 1))) & 0xffffu);
+        return bf16_to_float(uint16_t(all[size_t(lane) * kExchangeWords + reg] >> (16 * (k & 1))));
     };
     auto B = [&](int k, int j) {
         const int reg = 4 + (k >= 8 ? 1 : 0), lane = j * 4 + (k % 8) / 2;
-        return bf16_bits_to_float((all[size_t(lane) * kExchangeWords + reg] >> (16 * (k & 1))) & 0xffffu);
+        return bf16_to_float(uint16_t(all[size_t(lane) * kExchangeWords + reg] >> (16 * (k & 1))));
     };
     const int lane = cta().current % MLA_WARP_SIZE, g = lane / 4, t = lane % 4;
     for (int e = 0; e < 4; ++e) {

@@ -14,18 +14,6 @@ constexpr int kKvLd = MLA_HEAD_DIM_QK + 8;  // bf16 row stride of Q/K tiles (odd
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Tiles in flight per format on the MMA path (AttentionShape::kStages);
-// build-time overrides for tuning.
-#ifndef MLA_KV_STAGES_BF16
-#define MLA_KV_STAGES_BF16 2
-#endif
-#ifndef MLA_KV_STAGES_FP8
-#define MLA_KV_STAGES_FP8 2
-#endif
-#ifndef MLA_KV_STAGES_MXFP4
-#define MLA_KV_STAGES_MXFP4 2
-#endif
-
 // Shared-memory staging of KV tiles of N tokens in format KV, STAGES tiles
 // in flight.
 template <int KV, int N, int STAGES>
