@@ -16,14 +16,16 @@ namespace gpu {
 
 template <int ROWS, int KV>
 struct AttentionShape {
-    // 32-token KV tiles keep a 16-row CTA under half the shared memory of an
-    // SM, so two CTAs share each SM and one's loads overlap the other's math.
-    // The portable kernels take 16-token tiles: a 16-row CTA then fits the
-    // 64 KB of LDS of AMD GPUs (the backend picks 16-row items there).
+    // KV tiles that keep a 16-row CTA under half the shared memory of an SM,
+    // so two CTAs share each SM and one's loads overlap the other's math:
+    // 32 bf16 tokens, or 64 quantised ones (staged raw, decoded into MMA
+    // fragments, so half the barriers per token). The portable kernels take
+    // 16-token tiles: a 16-row CTA then fits the 64 KB of LDS of AMD GPUs
+    // (the backend picks 16-row items there).
 #if defined(MLA_PORTABLE_KERNELS)
     static constexpr int N = 16;
 #else
-    static constexpr int N = 32;
+    static constexpr int N = KV == MLA_DTYPE_BF16 ? 32 : 64;
 #endif
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int WM = ROWS / 16;               // warps along rows
@@ -49,8 +51,8 @@ struct AttentionShape {
     static constexpr int kRowThreads = kThreads / ROWS < N / 2 ? kThreads / ROWS : N / 2;
     static constexpr int kRowCols = N / kRowThreads;
     // Two tiles in flight: tile j + 2 is issued into tile j's stage once that
-    // is consumed (bf16: after the P V of the iteration; quantised: after its
-    // decode). Three stages with the issue at the top of the loop measured
+    // is consumed (after the P V of the iteration; with the portable
+    // kernels' decode into shared memory, after that decode). Three stages with the issue at the top of the loop measured
     // slower on the H200 (bf16 and fp8 then fit one CTA per SM; MXFP4, which
     // still fits two, gained nothing): docs/performance.md, v5.
     static constexpr int kStages = 2;
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         row_m[tid] = kNegInf;
         row_l[tid] = 0.0f;
     }
-    load_q<ROWS>(p, w, h0, heads, qs);
+    load_q<ROWS, typename S::Kv>(p, w, h0, heads, qs);
 #pragma unroll
     for (int t = 0; t < S::kStages; ++t) {
         if (t < num_tiles) {
@@ -141,8 +143,8 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N, next = j + S::kStages;
         async_wait<S::kStages - 1>();  // tile j has landed
         __syncthreads();
-        const uint16_t *kt = kv.bf16_tile(stage);
-        if (S::Kv::kQuantized) {
+        if (S::Kv::kDecodesToShared) {
+            kv.decode_to_shared(stage);
             __syncthreads();  // the whole tile is decoded: its raw stage is free
             if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage);
             async_commit();
@@ -154,8 +156,8 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         for (int i = 0; i < kSNt; ++i)
 #pragma unroll
             for (int e = 0; e < E; ++e) s_acc[i][e] = 0.0f;
-        Tile::abt<kSNt, S::kKPerWarp>(s_acc, qs + wm * 16 * kKvLd + qk_split * S::kKPerWarp, kKvLd,
-                                      kt + qk_group * S::kSCols * kKvLd + qk_split * S::kKPerWarp, kKvLd);
+        kv.template qk<kSNt, S::kKPerWarp>(s_acc, qs + wm * 16 * kKvLd + qk_split * S::kKPerWarp, stage,
+                                           qk_group * S::kSCols, qk_split * S::kKPerWarp);
         float *ss_part = ss + qk_split * ROWS * S::kSLd;
 #pragma unroll
         for (int i = 0; i < kSNt; ++i)
@@ -212,12 +214,15 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
 #pragma unroll
             for (int i = 0; i < kONt; ++i) o_acc[i][e] *= a;
         }
-        Tile::ab<kONt, N>(o_acc, ps + wm * 16 * S::kPLd, S::kPLd, kt + wn * S::kOCols, kKvLd);
-        if (S::Kv::kQuantized) {
+        kv.template pv<kONt, N>(o_acc, ps + wm * 16 * S::kPLd, S::kPLd, stage, wn * S::kOCols);
+        if (S::Kv::kDecodesToShared) {
             if (next < num_tiles) kv.finish_issue(stage);
             // No barrier: the next iteration's first one orders this tile's
             // reads of S, P and the decoded tile before their next writes.
         } else {
+            // The scale words of tile j + 1, issued one iteration ago (their
+            // loads' latency hid behind this tile's math).
+            kv.finish_issue((j + 1) % S::kStages);
             __syncthreads();  // every warp's P V read of the stage is done
             if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage);
             async_commit();
@@ -228,17 +233,20 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
 
     // Epilogue: normalise; write bf16 out + lse, or the float partial + lse.
     float *slot = w.partial_slot >= 0 ? p.partials + int64_t(w.partial_slot) * p.slot_floats : nullptr;
+    // Pairs of adjacent columns: elements e, e + 1 of a tile, or element e
+    // of tiles i, i + 1 (fragment-decoded V, see KvTile::pv_col).
+    constexpr bool kAcross = S::Kv::kPvPairsAcrossTiles;
 #pragma unroll
-    for (int e = 0; e < E; e += 2) {
+    for (int e = 0; e < E; e += kAcross ? 1 : 2) {
         const int r = wm * 16 + Tile::row(lane, e);
         if (r >= rows_valid) continue;
         const float l = row_l[r];
         const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
         const int tok = w.q_begin + r / heads, h = h0 + r % heads;
 #pragma unroll
-        for (int i = 0; i < kONt; ++i) {
-            const int c = wn * S::kOCols + i * 8 + Tile::col(lane, e);
-            const float v0 = o_acc[i][e] * inv, v1 = o_acc[i][e + 1] * inv;
+        for (int i = 0; i < kONt; i += kAcross ? 2 : 1) {
+            const int c = wn * S::kOCols + S::Kv::pv_col(i, lane, e);
+            const float v0 = o_acc[i][e] * inv, v1 = o_acc[kAcross ? i + 1 : i][kAcross ? e : e + 1] * inv;
             if (slot) {
                 *reinterpret_cast<float2 *>(slot + r * MLA_HEAD_DIM_V + c) = make_float2(v0, v1);
             } else {

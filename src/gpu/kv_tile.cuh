@@ -1,6 +1,15 @@
 // Reading paged KV (and Q) into shared memory for the attention kernel, and
-// the in-shared-memory dequantisation of fp8 / MXFP4 tiles to bf16. One
+// the two products on a staged tile, S = Q K^T (qk) and O += P V (pv). One
 // specialisation per KV format; the kernel sees only this interface.
+//
+// On the MMA path fp8 and MXFP4 tiles stay raw in shared memory: ldmatrix on
+// the raw bytes hands each lane the codes of its MMA fragments, decoded in
+// registers (no bf16 copy, no barrier between decode and math). A
+// non-transposed load gives a lane consecutive dims of one token, so the
+// reduction order inside each MMA step of Q K^T is permuted, and Q is stored
+// in that order (q_pair_slot); a transposed load gives a lane two tokens of
+// interleaved dims, so the output columns of P V are permuted (pv_col). The
+// portable kernels decode a bf16 tile into shared memory first.
 #pragma once
 
 #include "../formats_packed.h"
@@ -27,7 +36,13 @@ struct KvTile {
     // Bytes of the landing buffers (bf16: the bf16 tiles themselves).
     static constexpr int kLandingBytes = kQuantized ? kStages * N * kRawLd : kStages * N * kKvLd * 2;
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
-    static constexpr int kConvertedBytes = kQuantized ? N * kKvLd * 2 : 0;
+#if defined(MLA_PORTABLE_KERNELS)
+    static constexpr bool kFragmentDecode = false;
+#else
+    static constexpr bool kFragmentDecode = kQuantized;
+#endif
+    static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
+    static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
     static constexpr int kRowMetaBytes = kStages * N;     // scale misalignment per staged row
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int kRowsPerWarp = N / kWarps;
@@ -85,6 +100,8 @@ struct KvTile {
         }
     }
 
+    // Store the partial scale words of the last issue into `stage` (a no-op
+    // when they are stored already).
     __device__ void finish_issue(int stage) {
         if (KV != MLA_DTYPE_MXFP4) return;
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
@@ -95,6 +112,7 @@ struct KvTile {
                 *reinterpret_cast<uint32_t *>(scales + (stage * N + warp + i * kWarps) * kScaleLd + lane * 4) =
                     (part16[i] << (d & 2u ? 16 : 0)) | (part8[i] << (8 * ((d >> 2) & 3u)));
         }
+        part_desc = 0;
     }
 
     // Word `word` (the lane) of the 18 scale bytes of KV row `row` into staged
@@ -132,10 +150,10 @@ struct KvTile {
         part_desc |= (1u | (at16 == 2 ? 2u : 0u) | (uint32_t(at8 & 3) << 2)) << (4 * i);
     }
 
-    // bf16 view of stage `stage` after its copies landed (quantised: decode
-    // into `converted`; the caller puts a barrier between this and reads).
-    __device__ const uint16_t *bf16_tile(int stage) {
-        if (!kQuantized) return reinterpret_cast<const uint16_t *>(landing + size_t(stage) * N * kKvLd * 2);
+    // Portable kernels, quantised KV: decode stage `stage` into `converted`
+    // (the caller puts a barrier between this and the products).
+    __device__ void decode_to_shared(int stage) {
+        if (!kDecodesToShared) return;
         const uint8_t *raw = landing + size_t(stage) * N * kRawLd;
         // Units of 8 elements (MXFP4: 4 bytes sharing one scale; fp8: 8 bytes),
         // 128-bit stores. Each warp decodes its own rows' units, lane-strided,
@@ -153,9 +171,8 @@ struct KvTile {
                 const uint8_t *src = raw + r * kRawLd + c * kUnitBytes;
                 uint4 *dst = reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 8);
                 if (KV == MLA_DTYPE_MXFP4) {
-                    const int slot = stage * N + r;
                     const Bf16x8 v = e2m1x8_to_bf16x8(*reinterpret_cast<const uint32_t *>(src),
-                                                      scales[slot * kScaleLd + scale_shift[slot] + (c >> 2)]);
+                                                      scale_row(stage * N + r)[c >> 2]);
                     *dst = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
                 } else {
                     const uint2 w = *reinterpret_cast<const uint2 *>(src);
@@ -169,37 +186,227 @@ struct KvTile {
                 ++i;
             }
         }
-        return converted;
+    }
+
+    // The 18 block scales of staged row `slot`.
+    __device__ const uint8_t *scale_row(int slot) const { return scales + slot * kScaleLd + scale_shift[slot]; }
+
+    // The bf16 tile the products read when KV is not decoded into fragments.
+    __device__ const uint16_t *bf16_tile(int stage) const {
+        return kDecodesToShared ? converted : reinterpret_cast<const uint16_t *>(landing + size_t(stage) * N * kKvLd * 2);
+    }
+
+    // Where dims 2 pair, 2 pair + 1 of a Q row are stored: in the reduction
+    // order that fragment decoding gives K (see qk).
+    __device__ static int q_pair_slot(int pair) {
+        if (!kFragmentDecode) return pair;
+        if (KV == MLA_DTYPE_MXFP4) {  // in 32 dims: pair 4t + 2s + h -> step s, k 2t (+8 if h)
+            const int q = pair & 15;
+            return (pair & ~15) | (((q >> 1) & 1) << 3) | ((q & 1) << 2) | (q >> 2);
+        }
+        const int q = pair & 7;  // in 16 dims: pair 2t + h -> k 2t (+8 if h)
+        return (pair & ~7) | ((q & 1) << 2) | (q >> 1);
+    }
+
+    // acc[16 x 8NT] += Q[16 x K] K[col0 .. col0 + 8NT, k0 .. k0 + K]^T on stage
+    // `stage`; q points at dim k0 of the warp's 16 Q rows (stride kKvLd).
+    template <int NT, int K>
+    __device__ void qk(float (&acc)[NT][Tile::kElems], const uint16_t *q, int stage, int col0, int k0) const {
+        if constexpr (kFragmentDecode) {
+            qk_fragments<NT, K>(acc, q, stage, col0, k0);
+        } else {
+            Tile::abt<NT, K>(acc, q, kKvLd, bf16_tile(stage) + col0 * kKvLd + k0, kKvLd);
+        }
+    }
+
+    // acc[16 x 8NT] += P[16 x K] V[0 .. K, col0 .. col0 + 8NT] on stage `stage`;
+    // element e of tile nt of acc is column col0 + pv_col(nt, lane, e).
+    template <int NT, int K>
+    __device__ void pv(float (&acc)[NT][Tile::kElems], const uint16_t *p, int pld, int stage, int col0) const {
+        if constexpr (kFragmentDecode) {
+            pv_fragments<NT, K>(acc, p, pld, stage, col0);
+        } else {
+            Tile::ab<NT, K>(acc, p, pld, bf16_tile(stage) + col0, kKvLd);
+        }
+    }
+
+    __device__ static int pv_col(int nt, int lane, int e) {
+        const int j = Tile::col(lane, e);
+        if (!kFragmentDecode) return nt * 8 + j;
+        if (KV == MLA_DTYPE_MXFP4) return (nt >> 2) * 32 + 4 * j + (nt & 3);  // 4 tiles: dims 4j + 0..3
+        return (nt >> 1) * 16 + 2 * j + (nt & 1);                            // 2 tiles: even, odd dims
+    }
+    // With fragment decoding, column pv_col(nt, ..) + 1 is in tile nt + 1
+    // (same element); otherwise it is element e + 1 of tile nt.
+    static constexpr bool kPvPairsAcrossTiles = kFragmentDecode;
+
+  private:
+    template <int NT, int K>
+    __device__ void qk_fragments(float (&acc)[NT][Tile::kElems], const uint16_t *q, int stage, int col0,
+                                 int k0) const {
+#if defined(MLA_TILE_MMA_SYNC)
+        static_assert(NT % 2 == 0 && K % 32 == 0, "a warp takes 16-token groups and whole 32-dim groups");
+        const int lane = threadIdx.x & 31;
+        // ldmatrix.x4 rows: tokens col0 + 16 np + (0..7 | 8..15) at bytes +0 |
+        // +16, so matrix i is token tile i & 1 of 16-byte column i >> 1, and a
+        // lane gets 4 bytes of token col0 + 16 np + lane / 4 (+ 8).
+        const uint8_t *src = landing + (size_t(stage) * N + col0 + (lane & 15)) * kRawLd + (lane >> 4) * 16;
+        float part[2][NT][4];  // even and odd MMA steps: two accumulation chains
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[c][nt][e] = 0.0f;
+        if constexpr (KV == MLA_DTYPE_MXFP4) {
+            // 16 bytes = one 32-dim block: 8 codes a lane, two MMA steps.
+            const uint8_t *sc[NT];  // the block scales of the lane's tokens, from block k0 / 32
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) sc[nt] = scale_row(stage * N + col0 + 8 * nt + (lane >> 2)) + k0 / 32;
+            constexpr int kBlocks = K / 32;
+#pragma unroll
+            for (int b = 0; b < kBlocks; b += 2) {
+                uint32_t r[NT / 2][4];
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    const uint8_t *at = src + np * 16 * kRawLd + (k0 + 32 * b) / 2;
+                    if (b + 1 < kBlocks) {
+                        Tile::ldsm_x4(r[np], at);
+                    } else {
+                        Tile::ldsm_x2(reinterpret_cast<uint32_t(&)[2]>(r[np]), at);
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (b + h >= kBlocks) break;
+                    uint32_t a0[4], a1[4];
+                    Tile::load_a(a0, q, kKvLd, 32 * (b + h), lane);
+                    Tile::load_a(a1, q, kKvLd, 32 * (b + h) + 16, lane);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const Bf16x8 v = e2m1x8_to_bf16x8(r[nt >> 1][2 * h + (nt & 1)], sc[nt][b + h]);
+                        Tile::mma(part[0][nt], a0, v.w[0], v.w[1]);
+                        Tile::mma(part[1][nt], a1, v.w[2], v.w[3]);
+                    }
+                }
+            }
+        } else {
+            // 16 bytes = 16 dims: 4 codes a lane, one MMA step.
+#pragma unroll
+            for (int kk = 0; kk < K; kk += 32) {
+                uint32_t a0[4], a1[4];
+                Tile::load_a(a0, q, kKvLd, kk, lane);
+                Tile::load_a(a1, q, kKvLd, kk + 16, lane);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32_t r[4];
+                    Tile::ldsm_x4(r, src + np * 16 * kRawLd + k0 + kk);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const Bf16x4 v = fp8x4_to_bf16x4<KV>(r[i]);
+                        Tile::mma(part[i >> 1][2 * np + (i & 1)], i >> 1 ? a1 : a0, v.w[0], v.w[1]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] += part[0][nt][e] + part[1][nt][e];
+#endif
+    }
+
+    template <int NT, int K>
+    __device__ void pv_fragments(float (&acc)[NT][Tile::kElems], const uint16_t *p, int pld, int stage,
+                                 int col0) const {
+#if defined(MLA_TILE_MMA_SYNC)
+        const int lane = threadIdx.x & 31, t = lane & 3;
+        constexpr int kDimsPerByte = KV == MLA_DTYPE_MXFP4 ? 2 : 1;
+        // ldmatrix.x4.trans rows: tokens k + (0..7 | 8..15) at bytes +0 | +16, so
+        // matrix i is token half i & 1 of 16-byte column i >> 1, and a lane gets
+        // b16 column lane / 4 of tokens k + 2t, 2t + 1 (+ 8).
+        const uint8_t *src =
+            landing + (size_t(stage) * N + (lane & 15)) * kRawLd + (lane >> 4) * 16 + col0 / kDimsPerByte;
+#pragma unroll
+        for (int k = 0; k < K; k += 16) {
+            uint32_t a[4];
+            Tile::load_a(a, p, pld, k, lane);
+            if constexpr (KV == MLA_DTYPE_MXFP4) {
+                // A b16 column is 4 dims; the pair of tokens has two scales.
+                static_assert(NT % 8 == 0, "whole 64-dim groups");
+                const int slot = stage * N + k + 2 * t;
+                const uint8_t *sc[4] = {scale_row(slot) + col0 / 32, scale_row(slot + 1) + col0 / 32,
+                                        scale_row(slot + 8) + col0 / 32, scale_row(slot + 9) + col0 / 32};
+#pragma unroll
+                for (int bp = 0; bp < NT / 8; ++bp) {
+                    uint32_t r[4];
+                    Tile::ldsm_x4_trans(r, src + k * kRawLd + bp * 32);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int blk = 2 * bp + h;
+                        const Bf16x8 lo = e2m1x4x2_to_bf16_pairs(r[2 * h], sc[0][blk], sc[1][blk]);
+                        const Bf16x8 hi = e2m1x4x2_to_bf16_pairs(r[2 * h + 1], sc[2][blk], sc[3][blk]);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) Tile::mma(acc[4 * blk + j], a, lo.w[j], hi.w[j]);
+                    }
+                }
+            } else {
+                // A b16 column is 2 dims: regroup the bytes by dim, then decode.
+                static_assert(NT % 4 == 0, "whole 32-dim groups");
+#pragma unroll
+                for (int cp = 0; cp < NT / 4; ++cp) {
+                    uint32_t r[4];
+                    Tile::ldsm_x4_trans(r, src + k * kRawLd + cp * 32);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const Bf16x4 lo = fp8x4_to_bf16x4<KV>(byte_perm(r[2 * h], 0, 0x3120u));
+                        const Bf16x4 hi = fp8x4_to_bf16x4<KV>(byte_perm(r[2 * h + 1], 0, 0x3120u));
+                        Tile::mma(acc[4 * cp + 2 * h], a, lo.w[0], hi.w[0]);
+                        Tile::mma(acc[4 * cp + 2 * h + 1], a, lo.w[1], hi.w[1]);
+                    }
+                }
+            }
+        }
+#endif
     }
 };
 
 // Load the item's query rows (token-major, heads of the head block) as bf16
-// into Qs[ROWS][kKvLd]; padding rows are zero. bf16 rows are copied
-// asynchronously (part of the first commit group).
-template <int ROWS>
+// into Qs[ROWS][kKvLd], dim pairs where Kv::q_pair_slot puts them; padding
+// rows are zero. bf16 rows are copied asynchronously (part of the first
+// commit group): in 16-byte chunks, or pair by pair when Kv permutes them.
+template <int ROWS, class Kv>
 __device__ void load_q(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint16_t *qs) {
     const int rows_valid = w.q_len * heads;
+    auto row_of = [&](int r) {  // global offset (elements) of Q row r, clamped for padding rows
+        const bool valid = r < rows_valid;
+        const int tok = w.q_begin + (valid ? r / heads : 0), h = h0 + (valid ? r % heads : 0);
+        return int64_t(tok) * p.num_heads + h;
+    };
     if (p.q_dtype == MLA_DTYPE_BF16) {
-        constexpr int kChunks = 1152 / 16;
-        for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
-            const int r = c / kChunks, ch = c - r * kChunks;
-            const bool valid = r < rows_valid;
-            const int tok = w.q_begin + (valid ? r / heads : 0), h = h0 + (valid ? r % heads : 0);
-            const uint8_t *src = p.q + (int64_t(tok) * p.num_heads + h) * 1152 + ch * 16;
-            copy16_async(qs + r * kKvLd + ch * 8, src, valid);
+        const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
+        constexpr int kUnit = Kv::kFragmentDecode ? 2 : 8;  // elements per copy
+        constexpr int kUnits = MLA_HEAD_DIM_QK / kUnit;
+        for (int u = threadIdx.x; u < ROWS * kUnits; u += kThreads) {
+            const int r = u / kUnits, c = u - r * kUnits;
+            const uint16_t *src = q + row_of(r) * MLA_HEAD_DIM_QK + c * kUnit;
+            if (kUnit == 2) {
+                copy4_async(qs + r * kKvLd + 2 * Kv::q_pair_slot(c), src, r < rows_valid);
+            } else {
+                copy16_async(qs + r * kKvLd + c * kUnit, src, r < rows_valid);
+            }
         }
     } else {
-        constexpr int kUnits = 576 / 4;
+        constexpr int kUnits = MLA_HEAD_DIM_QK / 4;
         for (int u = threadIdx.x; u < ROWS * kUnits; u += kThreads) {
             const int r = u / kUnits, c = u - r * kUnits;
             uint32_t v = 0;
-            if (r < rows_valid) {
-                const int tok = w.q_begin + r / heads, h = h0 + r % heads;
-                v = *reinterpret_cast<const uint32_t *>(p.q + (int64_t(tok) * p.num_heads + h) * 576 + c * 4);
-            }
+            if (r < rows_valid) v = *reinterpret_cast<const uint32_t *>(p.q + row_of(r) * MLA_HEAD_DIM_QK + c * 4);
             const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(v)
                                                              : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(v);
-            *reinterpret_cast<uint2 *>(qs + r * kKvLd + c * 4) = make_uint2(b.w[0], b.w[1]);
+            uint32_t *row = reinterpret_cast<uint32_t *>(qs + r * kKvLd);
+            row[Kv::q_pair_slot(2 * c)] = b.w[0];
+            row[Kv::q_pair_slot(2 * c + 1)] = b.w[1];
         }
     }
 }
