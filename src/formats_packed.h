@@ -153,16 +153,4 @@ MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
     return r;
 }
 
-// Nibbles 0-3 of element a0..a3 (scale e_a) and 4-7 of b0..b3 (scale e_b),
-// e.g. four dims of two tokens -> the four pairs (a_j, b_j) in w[j].
-MLA_HD Bf16x8 e2m1x4x2_to_bf16_pairs(uint32_t codes, uint8_t e_a, uint8_t e_b) {
-    const Bf16x8 u = e2m1x8_to_bf16x8_unscaled(codes);  // (a0 a1) (a2 a3) (b0 b1) (b2 b3)
-    Bf16x8 r;
-    r.w[0] = bf16x2_scale_e8m0(byte_perm(u.w[0], u.w[2], 0x5410u), e_a, e_b);
-    r.w[1] = bf16x2_scale_e8m0(byte_perm(u.w[0], u.w[2], 0x7632u), e_a, e_b);
-    r.w[2] = bf16x2_scale_e8m0(byte_perm(u.w[1], u.w[3], 0x5410u), e_a, e_b);
-    r.w[3] = bf16x2_scale_e8m0(byte_perm(u.w[1], u.w[3], 0x7632u), e_a, e_b);
-    return r;
-}
-
 }  // namespace mla

@@ -4,9 +4,6 @@
 //              among random neighbours
 //   e2m1x8     every byte (two E2M1 codes) at every position, times every
 //              E8M0 scale 0..255 (subnormal results, overflow to inf, NaN)
-//   e2m1 pairs two tokens' four codes each, regrouped into (token a, token b)
-//              pairs under two different scales (every byte, every scale
-//              against a set of edge scales and back)
 //   byte_perm  the host emulation of the GPU's byte permute
 // Results must equal float_to_bf16(scalar value) bitwise; NaN codes must give
 // a NaN. The device-only instruction paths (cvt / bf16x2 fma) are checked on
@@ -76,27 +73,6 @@ void test_e2m1x8(void **) {
             }
 }
 
-void test_e2m1_pairs(void **) {
-    std::mt19937 rng(0x7032u);
-    const unsigned edges[] = {0, 1, 2, 3, 100, 127, 128, 200, 253, 254, 255};
-    for (unsigned scale = 0; scale < 256; ++scale)
-        for (unsigned other : edges)
-            for (int swap = 0; swap < 2; ++swap)
-                for (unsigned byte = 0; byte < 256; ++byte) {
-                    const unsigned ea = swap ? other : scale, eb = swap ? scale : other;
-                    const int pos = int(byte % 4);
-                    uint32_t w = uint32_t(rng());
-                    w = (w & ~(0xffu << (8 * pos))) | (byte << (8 * pos));
-                    const mla::Bf16x8 r = mla::e2m1x4x2_to_bf16_pairs(w, uint8_t(ea), uint8_t(eb));
-                    for (int j = 0; j < 4; ++j)
-                        for (int tok = 0; tok < 2; ++tok) {
-                            const unsigned nibble = (w >> (4 * (4 * tok + j))) & 0xfu;
-                            const float want = mla::e2m1_to_float(nibble) * mla::e8m0_to_float(uint8_t(tok ? eb : ea));
-                            expect_bf16(half(r.w[j], tok), want, "e2m1 pairs", nibble, 4 * tok + j, tok ? eb : ea);
-                        }
-                }
-}
-
 void test_byte_perm(void **) {
     const uint32_t lo = 0x33221100u, hi = 0x77665544u;
     assert_int_equal(mla::byte_perm(lo, hi, 0x3210u), lo);
@@ -113,7 +89,6 @@ int main() {
         cmocka_unit_test(test_fp8_e4m3),
         cmocka_unit_test(test_fp8_e4m3_fnuz),
         cmocka_unit_test(test_e2m1x8),
-        cmocka_unit_test(test_e2m1_pairs),
         cmocka_unit_test(test_byte_perm),
     };
     return cmocka_run_group_tests_name("formats", tests, nullptr, nullptr);

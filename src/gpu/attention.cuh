@@ -18,14 +18,17 @@ template <int ROWS, int KV>
 struct AttentionShape {
     // KV tiles that keep a 16-row CTA under half the shared memory of an SM,
     // so two CTAs share each SM and one's loads overlap the other's math:
-    // 32 bf16 tokens, or 64 quantised ones (staged raw, decoded into MMA
-    // fragments, so half the barriers per token). The portable kernels take
-    // 16-token tiles: a 16-row CTA then fits the 64 KB of LDS of AMD GPUs
-    // (the backend picks 16-row items there).
+    // 32 tokens, or kFp8Tile fp8 ones (staged raw, decoded into MMA fragments,
+    // so no bf16 copy in shared memory). The portable kernels take 16-token
+    // tiles: a 16-row CTA then fits the 64 KB of LDS of AMD GPUs (the backend
+    // picks 16-row items there).
+#if !defined(MLA_FP8_TILE_TOKENS)
+#define MLA_FP8_TILE_TOKENS 64
+#endif
 #if defined(MLA_PORTABLE_KERNELS)
     static constexpr int N = 16;
 #else
-    static constexpr int N = KV == MLA_DTYPE_BF16 ? 32 : 64;
+    static constexpr int N = KvTile<KV, 16, 2>::kFragmentDecode ? MLA_FP8_TILE_TOKENS : 32;
 #endif
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int WM = ROWS / 16;               // warps along rows

@@ -2,14 +2,17 @@
 // the two products on a staged tile, S = Q K^T (qk) and O += P V (pv). One
 // specialisation per KV format; the kernel sees only this interface.
 //
-// On the MMA path fp8 and MXFP4 tiles stay raw in shared memory: ldmatrix on
-// the raw bytes hands each lane the codes of its MMA fragments, decoded in
-// registers (no bf16 copy, no barrier between decode and math). A
-// non-transposed load gives a lane consecutive dims of one token, so the
-// reduction order inside each MMA step of Q K^T is permuted, and Q is stored
-// in that order (q_pair_slot); a transposed load gives a lane two tokens of
-// interleaved dims, so the output columns of P V are permuted (pv_col). The
-// portable kernels decode a bf16 tile into shared memory first.
+// On the MMA path fp8 tiles stay raw in shared memory: ldmatrix on the raw
+// bytes hands each lane the codes of its MMA fragments, decoded in registers
+// (no bf16 copy, no barrier between decode and math). A non-transposed load
+// gives a lane 4 consecutive dims of one token, so the reduction order inside
+// each MMA step of Q K^T is permuted, and Q is stored in that order
+// (q_pair_slot); a transposed load gives a lane two tokens of two adjacent
+// dims, so the output columns of P V are permuted (pv_col). MXFP4 tiles, and
+// every quantised tile of the portable kernels, are decoded into a bf16 tile
+// in shared memory first: E2M1 decoding costs ~3 integer instructions an
+// element, and fragments decode K's first 512 dims twice (once as K, once as
+// V), which made MXFP4 1.5x slower on the H200 (docs/performance.md, v6).
 #pragma once
 
 #include "../formats_packed.h"
@@ -39,7 +42,7 @@ struct KvTile {
 #if defined(MLA_PORTABLE_KERNELS)
     static constexpr bool kFragmentDecode = false;
 #else
-    static constexpr bool kFragmentDecode = kQuantized;
+    static constexpr bool kFragmentDecode = KV == MLA_DTYPE_FP8_E4M3 || KV == MLA_DTYPE_FP8_E4M3_FNUZ;
 #endif
     static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
     static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
@@ -200,10 +203,6 @@ struct KvTile {
     // order that fragment decoding gives K (see qk).
     __device__ static int q_pair_slot(int pair) {
         if (!kFragmentDecode) return pair;
-        if (KV == MLA_DTYPE_MXFP4) {  // in 32 dims: pair 4t + 2s + h -> step s, k 2t (+8 if h)
-            const int q = pair & 15;
-            return (pair & ~15) | (((q >> 1) & 1) << 3) | ((q & 1) << 2) | (q >> 2);
-        }
         const int q = pair & 7;  // in 16 dims: pair 2t + h -> k 2t (+8 if h)
         return (pair & ~7) | ((q & 1) << 2) | (q >> 1);
     }
@@ -233,8 +232,7 @@ struct KvTile {
     __device__ static int pv_col(int nt, int lane, int e) {
         const int j = Tile::col(lane, e);
         if (!kFragmentDecode) return nt * 8 + j;
-        if (KV == MLA_DTYPE_MXFP4) return (nt >> 2) * 32 + 4 * j + (nt & 3);  // 4 tiles: dims 4j + 0..3
-        return (nt >> 1) * 16 + 2 * j + (nt & 1);                            // 2 tiles: even, odd dims
+        return (nt >> 1) * 16 + 2 * j + (nt & 1);  // tile pairs: even, odd dims of 16
     }
     // With fragment decoding, column pv_col(nt, ..) + 1 is in tile nt + 1
     // (same element); otherwise it is element e + 1 of tile nt.
@@ -245,12 +243,12 @@ struct KvTile {
     __device__ void qk_fragments(float (&acc)[NT][Tile::kElems], const uint16_t *q, int stage, int col0,
                                  int k0) const {
 #if defined(MLA_TILE_MMA_SYNC)
-        static_assert(NT % 2 == 0 && K % 32 == 0, "a warp takes 16-token groups and whole 32-dim groups");
+        static_assert(NT % 2 == 0 && K % 16 == 0, "a warp takes 16-token groups and whole MMA steps");
         const int lane = threadIdx.x & 31;
         // ldmatrix.x4 rows: tokens col0 + 16 np + (0..7 | 8..15) at bytes +0 |
-        // +16, so matrix i is token tile i & 1 of 16-byte column i >> 1, and a
-        // lane gets 4 bytes of token col0 + 16 np + lane / 4 (+ 8).
-        const uint8_t *src = landing + (size_t(stage) * N + col0 + (lane & 15)) * kRawLd + (lane >> 4) * 16;
+        // +16, so matrix i is token tile i & 1 of MMA step i >> 1 (16 dims), and
+        // a lane gets codes of dims 4t..4t+3 of token col0 + 16 np + lane / 4 (+ 8).
+        const uint8_t *src = landing + (size_t(stage) * N + col0 + (lane & 15)) * kRawLd + (lane >> 4) * 16 + k0;
         float part[2][NT][4];  // even and odd MMA steps: two accumulation chains
 #pragma unroll
         for (int c = 0; c < 2; ++c)
@@ -258,54 +256,24 @@ struct KvTile {
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) part[c][nt][e] = 0.0f;
-        if constexpr (KV == MLA_DTYPE_MXFP4) {
-            // 16 bytes = one 32-dim block: 8 codes a lane, two MMA steps.
-            const uint8_t *sc[NT];  // the block scales of the lane's tokens, from block k0 / 32
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) sc[nt] = scale_row(stage * N + col0 + 8 * nt + (lane >> 2)) + k0 / 32;
-            constexpr int kBlocks = K / 32;
+        for (int kk = 0; kk < K; kk += 32) {
+            const bool two = kk + 16 < K;  // a last single step takes ldmatrix.x2
+            uint32_t a[2][4];
+            Tile::load_a(a[0], q, kKvLd, kk, lane);
+            if (two) Tile::load_a(a[1], q, kKvLd, kk + 16, lane);
 #pragma unroll
-            for (int b = 0; b < kBlocks; b += 2) {
-                uint32_t r[NT / 2][4];
-#pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
-                    const uint8_t *at = src + np * 16 * kRawLd + (k0 + 32 * b) / 2;
-                    if (b + 1 < kBlocks) {
-                        Tile::ldsm_x4(r[np], at);
-                    } else {
-                        Tile::ldsm_x2(reinterpret_cast<uint32_t(&)[2]>(r[np]), at);
-                    }
+            for (int np = 0; np < NT / 2; ++np) {
+                uint32_t r[4];
+                if (two) {
+                    Tile::ldsm_x4(r, src + np * 16 * kRawLd + kk);
+                } else {
+                    Tile::ldsm_x2(reinterpret_cast<uint32_t(&)[2]>(r), src + np * 16 * kRawLd + kk);
                 }
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (b + h >= kBlocks) break;
-                    uint32_t a0[4], a1[4];
-                    Tile::load_a(a0, q, kKvLd, 32 * (b + h), lane);
-                    Tile::load_a(a1, q, kKvLd, 32 * (b + h) + 16, lane);
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const Bf16x8 v = e2m1x8_to_bf16x8(r[nt >> 1][2 * h + (nt & 1)], sc[nt][b + h]);
-                        Tile::mma(part[0][nt], a0, v.w[0], v.w[1]);
-                        Tile::mma(part[1][nt], a1, v.w[2], v.w[3]);
-                    }
-                }
-            }
-        } else {
-            // 16 bytes = 16 dims: 4 codes a lane, one MMA step.
-#pragma unroll
-            for (int kk = 0; kk < K; kk += 32) {
-                uint32_t a0[4], a1[4];
-                Tile::load_a(a0, q, kKvLd, kk, lane);
-                Tile::load_a(a1, q, kKvLd, kk + 16, lane);
-#pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
-                    uint32_t r[4];
-                    Tile::ldsm_x4(r, src + np * 16 * kRawLd + k0 + kk);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const Bf16x4 v = fp8x4_to_bf16x4<KV>(r[i]);
-                        Tile::mma(part[i >> 1][2 * np + (i & 1)], i >> 1 ? a1 : a0, v.w[0], v.w[1]);
-                    }
+                for (int i = 0; i < (two ? 4 : 2); ++i) {
+                    const Bf16x4 v = fp8x4_to_bf16x4<KV>(r[i]);
+                    Tile::mma(part[i >> 1][2 * np + (i & 1)], a[i >> 1], v.w[0], v.w[1]);
                 }
             }
         }
@@ -320,50 +288,27 @@ struct KvTile {
     __device__ void pv_fragments(float (&acc)[NT][Tile::kElems], const uint16_t *p, int pld, int stage,
                                  int col0) const {
 #if defined(MLA_TILE_MMA_SYNC)
-        const int lane = threadIdx.x & 31, t = lane & 3;
-        constexpr int kDimsPerByte = KV == MLA_DTYPE_MXFP4 ? 2 : 1;
+        static_assert(NT % 4 == 0, "whole 32-dim groups");
+        const int lane = threadIdx.x & 31;
         // ldmatrix.x4.trans rows: tokens k + (0..7 | 8..15) at bytes +0 | +16, so
-        // matrix i is token half i & 1 of 16-byte column i >> 1, and a lane gets
-        // b16 column lane / 4 of tokens k + 2t, 2t + 1 (+ 8).
-        const uint8_t *src =
-            landing + (size_t(stage) * N + (lane & 15)) * kRawLd + (lane >> 4) * 16 + col0 / kDimsPerByte;
+        // matrix i is token half i & 1 of 16 dims i >> 1, and a lane gets dims
+        // 2g, 2g + 1 (g = lane / 4) of tokens k + 2t, 2t + 1 (+ 8): regrouped by
+        // dim, the B fragments of an even-dims and an odd-dims tile.
+        const uint8_t *src = landing + (size_t(stage) * N + (lane & 15)) * kRawLd + (lane >> 4) * 16 + col0;
 #pragma unroll
         for (int k = 0; k < K; k += 16) {
             uint32_t a[4];
             Tile::load_a(a, p, pld, k, lane);
-            if constexpr (KV == MLA_DTYPE_MXFP4) {
-                // A b16 column is 4 dims; the pair of tokens has two scales.
-                static_assert(NT % 8 == 0, "whole 64-dim groups");
-                const int slot = stage * N + k + 2 * t;
-                const uint8_t *sc[4] = {scale_row(slot) + col0 / 32, scale_row(slot + 1) + col0 / 32,
-                                        scale_row(slot + 8) + col0 / 32, scale_row(slot + 9) + col0 / 32};
 #pragma unroll
-                for (int bp = 0; bp < NT / 8; ++bp) {
-                    uint32_t r[4];
-                    Tile::ldsm_x4_trans(r, src + k * kRawLd + bp * 32);
+            for (int cp = 0; cp < NT / 4; ++cp) {
+                uint32_t r[4];
+                Tile::ldsm_x4_trans(r, src + k * kRawLd + cp * 32);
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int blk = 2 * bp + h;
-                        const Bf16x8 lo = e2m1x4x2_to_bf16_pairs(r[2 * h], sc[0][blk], sc[1][blk]);
-                        const Bf16x8 hi = e2m1x4x2_to_bf16_pairs(r[2 * h + 1], sc[2][blk], sc[3][blk]);
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) Tile::mma(acc[4 * blk + j], a, lo.w[j], hi.w[j]);
-                    }
-                }
-            } else {
-                // A b16 column is 2 dims: regroup the bytes by dim, then decode.
-                static_assert(NT % 4 == 0, "whole 32-dim groups");
-#pragma unroll
-                for (int cp = 0; cp < NT / 4; ++cp) {
-                    uint32_t r[4];
-                    Tile::ldsm_x4_trans(r, src + k * kRawLd + cp * 32);
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const Bf16x4 lo = fp8x4_to_bf16x4<KV>(byte_perm(r[2 * h], 0, 0x3120u));
-                        const Bf16x4 hi = fp8x4_to_bf16x4<KV>(byte_perm(r[2 * h + 1], 0, 0x3120u));
-                        Tile::mma(acc[4 * cp + 2 * h], a, lo.w[0], hi.w[0]);
-                        Tile::mma(acc[4 * cp + 2 * h + 1], a, lo.w[1], hi.w[1]);
-                    }
+                for (int h = 0; h < 2; ++h) {
+                    const Bf16x4 lo = fp8x4_to_bf16x4<KV>(byte_perm(r[2 * h], 0, 0x3120u));
+                    const Bf16x4 hi = fp8x4_to_bf16x4<KV>(byte_perm(r[2 * h + 1], 0, 0x3120u));
+                    Tile::mma(acc[4 * cp + 2 * h], a, lo.w[0], hi.w[0]);
+                    Tile::mma(acc[4 * cp + 2 * h + 1], a, lo.w[1], hi.w[1]);
                 }
             }
         }
