@@ -127,29 +127,24 @@ MLA_HD Bf16x8 e2m1x8_to_bf16x8_unscaled(uint32_t codes) {
     return r;
 }
 
-// A bf16 pair times E8M0 scales 2^(e_lo - 127) (low half) and 2^(e_hi - 127)
-// (high half), for pairs of E2M1 values.
-MLA_HD uint32_t bf16x2_scale_e8m0(uint32_t w, uint8_t e_lo, uint8_t e_hi) {
-#if defined(MLA_HAVE_FMA_BF16X2)
-    // Scales 2^-125 and up keep every nonzero E2M1 product a normal number,
-    // where the bf16 multiply is exact whatever the hardware does with
-    // subnormals; 255 (NaN) is the bf16 NaN. Only e = 0, 1 take the float path.
-    if (e_lo >= 2 && e_hi >= 2) {
-        const uint32_t lo = e_lo == 0xffu ? 0x7fc0u : uint32_t(e_lo) << 7;
-        const uint32_t hi = e_hi == 0xffu ? 0x7fc0u : uint32_t(e_hi) << 7;
-        uint32_t r;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(lo | (hi << 16)), "r"(0x80008000u));
-        return r;
-    }
-#endif
-    return pack_exact_bf16x2(bits_to_float(w << 16) * e8m0_to_float(e_lo),
-                             bits_to_float(w & 0xffff0000u) * e8m0_to_float(e_hi));
-}
-
 // Eight E2M1 nibbles times the E8M0 scale 2^(e - 127) -> eight bf16.
 MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
     Bf16x8 r = e2m1x8_to_bf16x8_unscaled(codes);
-    for (int i = 0; i < 4; ++i) r.w[i] = bf16x2_scale_e8m0(r.w[i], e, e);
+#if defined(MLA_HAVE_FMA_BF16X2)
+    // Scales 2^-125 and up keep every nonzero result a normal number, where
+    // the bf16 multiply is exact whatever the hardware does with subnormals;
+    // 255 (NaN) is the bf16 NaN. Only e = 0, 1 take the float path below.
+    if (e >= 2) {
+        const uint32_t s = e == 0xffu ? 0x7fc0u : uint32_t(e) << 7;
+        const uint32_t scale2 = s | (s << 16), neg_zero2 = 0x80008000u;
+        for (int i = 0; i < 4; ++i)
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(scale2), "r"(neg_zero2));
+        return r;
+    }
+#endif
+    const float scale = e8m0_to_float(e);
+    for (int i = 0; i < 4; ++i)
+        r.w[i] = pack_exact_bf16x2(bits_to_float(r.w[i] << 16) * scale, bits_to_float(r.w[i] & 0xffff0000u) * scale);
     return r;
 }
 

@@ -111,6 +111,11 @@ MLA_HD int32_t check_sequence(int32_t q_begin, int32_t q_end, int32_t page_begin
 }
 
 MLA_HD int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
+// The same for 32-bit operands (b > 0) without a 64-bit division, which the
+// GPU runs as a long subroutine (the device scheduler does several per item).
+MLA_HD int32_t ceil_div(int32_t a, int32_t b) {
+    return a > 0 ? (a - 1) / b + 1 : ceil_div(int64_t(a), int64_t(b));
+}
 
 MLA_HD int32_t seq_blocks(int32_t kv_len, const ScheduleGeometry &g) { return ceil_div(kv_len, g.block_tokens); }
 

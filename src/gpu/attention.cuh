@@ -18,17 +18,15 @@ template <int ROWS, int KV>
 struct AttentionShape {
     // KV tiles that keep a 16-row CTA under half the shared memory of an SM,
     // so two CTAs share each SM and one's loads overlap the other's math:
-    // 32 tokens, or kFp8Tile fp8 ones (staged raw, decoded into MMA fragments,
-    // so no bf16 copy in shared memory). The portable kernels take 16-token
-    // tiles: a 16-row CTA then fits the 64 KB of LDS of AMD GPUs (the backend
-    // picks 16-row items there).
-#if !defined(MLA_FP8_TILE_TOKENS)
-#define MLA_FP8_TILE_TOKENS 64
-#endif
+    // 32 tokens, or 64 fp8 ones (staged raw and decoded into MMA fragments,
+    // so there is no bf16 copy in shared memory; 64 beat 32 on every fp8
+    // headline shape on the H200, docs/performance.md v6). The portable
+    // kernels take 16-token tiles: a 16-row CTA then fits the 64 KB of LDS of
+    // AMD GPUs (the backend picks 16-row items there).
 #if defined(MLA_PORTABLE_KERNELS)
     static constexpr int N = 16;
 #else
-    static constexpr int N = KvTile<KV, 16, 2>::kFragmentDecode ? MLA_FP8_TILE_TOKENS : 32;
+    static constexpr int N = KvTile<KV, 16, 2>::kFragmentDecode ? 64 : 32;
 #endif
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int WM = ROWS / 16;               // warps along rows
@@ -61,7 +59,7 @@ struct AttentionShape {
     static constexpr int kStages = 2;
     using Kv = KvTile<KV, N, kStages>;
 
-    static constexpr int kQBytes = ROWS * kKvLd * 2;
+    static constexpr int kQBytes = ROWS * Kv::kQLd * 2;
     static constexpr int kSBytes = kKSplit * ROWS * kSLd * 4;
     static constexpr int kPBytes = ROWS * kPLd * 2;
     static constexpr int kStatBytes = 3 * ROWS * 4;
@@ -159,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         for (int i = 0; i < kSNt; ++i)
 #pragma unroll
             for (int e = 0; e < E; ++e) s_acc[i][e] = 0.0f;
-        kv.template qk<kSNt, S::kKPerWarp>(s_acc, qs + wm * 16 * kKvLd + qk_split * S::kKPerWarp, stage,
+        kv.template qk<kSNt, S::kKPerWarp>(s_acc, qs + wm * 16 * S::Kv::kQLd + qk_split * S::kKPerWarp, stage,
                                            qk_group * S::kSCols, qk_split * S::kKPerWarp);
         float *ss_part = ss + qk_split * ROWS * S::kSLd;
 #pragma unroll

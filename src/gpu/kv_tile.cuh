@@ -6,8 +6,8 @@
 // bytes hands each lane the codes of its MMA fragments, decoded in registers
 // (no bf16 copy, no barrier between decode and math). A non-transposed load
 // gives a lane 4 consecutive dims of one token, so the reduction order inside
-// each MMA step of Q K^T is permuted, and Q is stored in that order
-// (q_pair_slot); a transposed load gives a lane two tokens of two adjacent
+// each MMA step of Q K^T is permuted, and the Q fragments are read to match
+// (two 64-bit loads instead of an ldmatrix); a transposed load gives a lane two tokens of two adjacent
 // dims, so the output columns of P V are permuted (pv_col). MXFP4 tiles, and
 // every quantised tile of the portable kernels, are decoded into a bf16 tile
 // in shared memory first: E2M1 decoding costs ~3 integer instructions an
@@ -46,6 +46,10 @@ struct KvTile {
 #endif
     static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
     static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
+    // bf16 row stride of the Q tile: with fragment decoding a lane reads
+    // 8 bytes of Q rows g and g + 8 per MMA step, conflict-free when the
+    // stride is 8 words modulo the 32 banks.
+    static constexpr int kQLd = kFragmentDecode ? MLA_HEAD_DIM_QK + 16 : kKvLd;
     static constexpr int kRowMetaBytes = kStages * N;     // scale misalignment per staged row
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int kRowsPerWarp = N / kWarps;
@@ -199,22 +203,14 @@ struct KvTile {
         return kDecodesToShared ? converted : reinterpret_cast<const uint16_t *>(landing + size_t(stage) * N * kKvLd * 2);
     }
 
-    // Where dims 2 pair, 2 pair + 1 of a Q row are stored: in the reduction
-    // order that fragment decoding gives K (see qk).
-    __device__ static int q_pair_slot(int pair) {
-        if (!kFragmentDecode) return pair;
-        const int q = pair & 7;  // in 16 dims: pair 2t + h -> k 2t (+8 if h)
-        return (pair & ~7) | ((q & 1) << 2) | (q >> 1);
-    }
-
     // acc[16 x 8NT] += Q[16 x K] K[col0 .. col0 + 8NT, k0 .. k0 + K]^T on stage
-    // `stage`; q points at dim k0 of the warp's 16 Q rows (stride kKvLd).
+    // `stage`; q points at dim k0 of the warp's 16 Q rows (stride kQLd).
     template <int NT, int K>
     __device__ void qk(float (&acc)[NT][Tile::kElems], const uint16_t *q, int stage, int col0, int k0) const {
         if constexpr (kFragmentDecode) {
             qk_fragments<NT, K>(acc, q, stage, col0, k0);
         } else {
-            Tile::abt<NT, K>(acc, q, kKvLd, bf16_tile(stage) + col0 * kKvLd + k0, kKvLd);
+            Tile::abt<NT, K>(acc, q, kQLd, bf16_tile(stage) + col0 * kKvLd + k0, kKvLd);
         }
     }
 
@@ -248,6 +244,13 @@ struct KvTile {
         // ldmatrix.x4 rows: tokens col0 + 16 np + (0..7 | 8..15) at bytes +0 |
         // +16, so matrix i is token tile i & 1 of MMA step i >> 1 (16 dims), and
         // a lane gets codes of dims 4t..4t+3 of token col0 + 16 np + lane / 4 (+ 8).
+        // In that reduction order (k 2t, 2t + 1, 2t + 8, 2t + 9 = dims 4t..4t+3)
+        // the A fragment of a step is dims 4t..4t+3 of Q rows g and g + 8.
+        const uint16_t *qa = q + (lane >> 2) * kQLd + 4 * (lane & 3);
+        auto load_q_fragment = [&](uint32_t(&a)[4], int k) {
+            const uint2 lo = *reinterpret_cast<const uint2 *>(qa + k), hi = *reinterpret_cast<const uint2 *>(qa + 8 * kQLd + k);
+            a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
+        };
         const uint8_t *src = landing + (size_t(stage) * N + col0 + (lane & 15)) * kRawLd + (lane >> 4) * 16 + k0;
         float part[2][NT][4];  // even and odd MMA steps: two accumulation chains
 #pragma unroll
@@ -260,8 +263,8 @@ struct KvTile {
         for (int kk = 0; kk < K; kk += 32) {
             const bool two = kk + 16 < K;  // a last single step takes ldmatrix.x2
             uint32_t a[2][4];
-            Tile::load_a(a[0], q, kKvLd, kk, lane);
-            if (two) Tile::load_a(a[1], q, kKvLd, kk + 16, lane);
+            load_q_fragment(a[0], kk);
+            if (two) load_q_fragment(a[1], kk + 16);
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 uint32_t r[4];
@@ -317,41 +320,31 @@ struct KvTile {
 };
 
 // Load the item's query rows (token-major, heads of the head block) as bf16
-// into Qs[ROWS][kKvLd], dim pairs where Kv::q_pair_slot puts them; padding
-// rows are zero. bf16 rows are copied asynchronously (part of the first
-// commit group): in 16-byte chunks, or pair by pair when Kv permutes them.
+// into Qs[ROWS][Kv::kQLd]; padding rows are zero. bf16 rows are copied
+// asynchronously (part of the first commit group).
 template <int ROWS, class Kv>
 __device__ void load_q(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint16_t *qs) {
     const int rows_valid = w.q_len * heads;
-    auto row_of = [&](int r) {  // global offset (elements) of Q row r, clamped for padding rows
+    auto row_of = [&](int r) {  // global index of Q row r (padding rows read row 0)
         const bool valid = r < rows_valid;
         const int tok = w.q_begin + (valid ? r / heads : 0), h = h0 + (valid ? r % heads : 0);
         return int64_t(tok) * p.num_heads + h;
     };
     if (p.q_dtype == MLA_DTYPE_BF16) {
-        const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
-        constexpr int kUnit = Kv::kFragmentDecode ? 2 : 8;  // elements per copy
-        constexpr int kUnits = MLA_HEAD_DIM_QK / kUnit;
-        for (int u = threadIdx.x; u < ROWS * kUnits; u += kThreads) {
-            const int r = u / kUnits, c = u - r * kUnits;
-            const uint16_t *src = q + row_of(r) * MLA_HEAD_DIM_QK + c * kUnit;
-            if (kUnit == 2) {
-                copy4_async(qs + r * kKvLd + 2 * Kv::q_pair_slot(c), src, r < rows_valid);
-            } else {
-                copy16_async(qs + r * kKvLd + c * kUnit, src, r < rows_valid);
-            }
+        constexpr int kChunks = 1152 / 16;
+        for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
+            const int r = c / kChunks, ch = c - r * kChunks;
+            copy16_async(qs + r * Kv::kQLd + ch * 8, p.q + row_of(r) * 1152 + ch * 16, r < rows_valid);
         }
     } else {
-        constexpr int kUnits = MLA_HEAD_DIM_QK / 4;
+        constexpr int kUnits = 576 / 4;
         for (int u = threadIdx.x; u < ROWS * kUnits; u += kThreads) {
             const int r = u / kUnits, c = u - r * kUnits;
             uint32_t v = 0;
-            if (r < rows_valid) v = *reinterpret_cast<const uint32_t *>(p.q + row_of(r) * MLA_HEAD_DIM_QK + c * 4);
+            if (r < rows_valid) v = *reinterpret_cast<const uint32_t *>(p.q + row_of(r) * 576 + c * 4);
             const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(v)
                                                              : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(v);
-            uint32_t *row = reinterpret_cast<uint32_t *>(qs + r * kKvLd);
-            row[Kv::q_pair_slot(2 * c)] = b.w[0];
-            row[Kv::q_pair_slot(2 * c + 1)] = b.w[1];
+            *reinterpret_cast<uint2 *>(qs + r * Kv::kQLd + c * 4) = make_uint2(b.w[0], b.w[1]);
         }
     }
 }

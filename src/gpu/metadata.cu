@@ -31,6 +31,17 @@ __device__ int2 warp_inclusive_scan2(int2 v) {
     return v;
 }
 
+// Sum and maximum across a warp (every lane gets them).
+template <class T>
+__device__ T warp_sum(T v) {
+    for (int off = MLA_WARP_SIZE / 2; off > 0; off >>= 1) v += MLA_SHFL_XOR(v, off);
+    return v;
+}
+__device__ int warp_max(int v) {
+    for (int off = MLA_WARP_SIZE / 2; off > 0; off >>= 1) v = max(v, MLA_SHFL_XOR(v, off));
+    return v;
+}
+
 // Exclusive prefix sums over the CTA of two values per thread (warp scans,
 // then a scan of the warp totals); *total gets the sums. Two barriers.
 __device__ int2 block_exclusive_scan2(int2 value, int2 *warp_sums, int2 *total) {
@@ -55,12 +66,14 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     __shared__ unsigned long long total_blocks;
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
+    __shared__ int total_q;
     __shared__ SeqSchedule cached[kCachedSeqs];
     auto sched = [&](int b) -> SeqSchedule & { return b < kCachedSeqs ? cached[b] : p.seqs[b]; };
     if (tid == 0) {
         total_blocks = 0;
         first_error = INT_MAX;
         max_splits = 0;
+        total_q = p.qo_indptr[0];  // n == 0; else the last sequence's thread sets it
         if (p.qo_indptr[0] != 0) first_error = SCHED_BAD_QO_INDPTR;
         else if (p.kv_indptr[0] != 0) first_error = SCHED_BAD_KV_INDPTR;
     }
@@ -76,6 +89,7 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         const int last = p.kv_last_page_len ? p.kv_last_page_len[b] : g.page_size;
         const int err = check_sequence(q0, q1, p0, p1, last, g);
         if (err != SCHED_OK) atomicMin(&first_error, (b + 1) * 8 + err);
+        if (b == n - 1) total_q = q1;
         SeqSchedule s;
         s.q_begin = q0;
         s.q_len = q1 - q0;
@@ -88,7 +102,10 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         sched(b) = s;
         if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len, g);
     }
-    atomicAdd(&total_blocks, blocks);
+    const int lane = tid % MLA_WARP_SIZE;
+    // One shared atomic per warp: 1024 contending ones serialise.
+    blocks = warp_sum(blocks);
+    if (lane == 0) atomicAdd(&total_blocks, blocks);
     __syncthreads();
 
     if (first_error != INT_MAX) {
@@ -119,7 +136,8 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         if (s.splits > 1) partials += s.splits * g.head_blocks;
         local_max = max(local_max, s.splits);
     }
-    atomicMax(&max_splits, local_max);
+    local_max = warp_max(local_max);
+    if (lane == 0) atomicMax(&max_splits, local_max);
     int2 totals;
     const int2 cursors = block_exclusive_scan2(make_int2(items, partials), warp_sums, &totals);
     const int total_items = totals.x, total_partials = totals.y;
@@ -136,13 +154,19 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         if (b < kCachedSeqs) p.seqs[b] = s;
     }
     __syncthreads();  // every sequence's schedule is final
-    // The items: a warp per sequence, a lane per item.
-    const int lane = tid % MLA_WARP_SIZE;
-    for (int b = tid / MLA_WARP_SIZE; b < n && fits; b += kMetaWarps) {
-        const SeqSchedule s = sched(b);
-        const int count = s.splits * g.head_blocks;
-        for (int j = lane; j < count; j += MLA_WARP_SIZE)
-            p.items[s.item_first + j] = make_item(b, s, g, j / s.splits, j % s.splits);
+    // The items, a thread each. An item's sequence is the last one whose
+    // item_first is <= the item (sequences without items share item_first
+    // with the next, so the search never lands on one).
+    for (int i = tid; fits && i < total_items; i += kMetaThreads) {
+        int lo = 0, hi = n - 1;  // item_first(lo) <= i
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (sched(mid).item_first <= i) lo = mid;
+            else hi = mid - 1;
+        }
+        const SeqSchedule s = sched(lo);
+        const int j = i - s.item_first;
+        p.items[i] = make_item(lo, s, g, j / s.splits, j % s.splits);
     }
     if (tid == 0) {
         ScheduleSummary sum{};
@@ -150,7 +174,7 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         sum.num_partials = fits ? total_partials : 0;
         sum.target_blocks = target;
         sum.max_splits = max_splits;
-        sum.total_q = p.qo_indptr[n];
+        sum.total_q = total_q;
         sum.batch_size = fits ? n : 0;
         sum.error = fits ? SCHED_OK : SCHED_BAD_KV_INDPTR;
         *p.summary = sum;
