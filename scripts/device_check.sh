@@ -14,9 +14,13 @@
 #               default build-nvp; only its libmla.so* and tests/test_gpu are needed)
 # BUILD_DIR comes from scripts/device_prep.sh. Each stage writes
 # OUT_DIR/<stage>*.log; the last line is "N passed, N failed" (stages).
-# On the H200 (2026-12-03) the stages took: tests 206 s, sanitizers 123 s,
-# bench 71 s, python 9 s, portable 84 s (24 configs), so all five fit one
-# 600 s call: scripts/device_check.sh build-nv $OUT tests sanitizers bench python portable
+# On the H200 (2026-12-03) the stages took: tests 206-243 s (300 configs;
+# MLA_GPU_TEST_CONFIGS=150: 131 s), sanitizers 95-123 s, bench 64-85 s,
+# python 9-13 s, portable 84-88 s (24 configs), so all five fit one 600 s
+# call: scripts/device_check.sh build-nv $OUT tests sanitizers bench python portable
+# (plus ~2-3 minutes of machine start). A call returns at most 8 files of
+# OUT: these stages write 9 (the portable log is left out; its tail is in
+# the call's output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -3,8 +3,9 @@
 # the bindings (the project's H200 machine has nvcc and Python, but no swig):
 #   - configures/builds BUILD_DIR (default build-nv) with the NVIDIA backend,
 #     the tests (not the CPU-emulated GPU ones: they run here, and would
-#     push the carry past its 64 MiB), the tools and the SWIG-generated Python wrapper (core_wrap.c,
-#     compiled there for that machine's Python by scripts/device_check.sh);
+#     push the carry past its 64 MiB), the tools and the SWIG-generated
+#     Python wrapper (core_wrap.c, compiled there for that machine's Python
+#     by scripts/device_check.sh);
 #   - copies Debian's pure-Python pytest (and what it imports) into
 #     BUILD_DIR/pylib, used there only when that Python has no pytest.
 #   - builds build-nvp, the portable kernels (-Dportable_kernels=true) whose
