@@ -91,14 +91,23 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     sum = ScheduleSummary{};
     sum.target_blocks = g.mode == SPLIT_BALANCED ? balanced_target_blocks(total_blocks, g) : 0;
     int32_t items = 0, partials = 0;
+    int32_t class_items[kItemClasses] = {};
     for (int32_t b = 0; b < n; ++b) {
         SeqSchedule &s = out.seqs[size_t(b)];
         s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), sum.target_blocks, g);
-        s.item_first = items;
         s.partial_first = s.splits > 1 ? partials : -1;
+        class_items[item_class(seq_blocks(s.kv_len, g), s.splits, sum.target_blocks)] += s.splits * g.head_blocks;
         items += s.splits * g.head_blocks;
         if (s.splits > 1) partials += s.splits * g.head_blocks;
         if (s.splits > sum.max_splits) sum.max_splits = s.splits;
+    }
+    int32_t cursor[kItemClasses];  // next item of each class: classes in order
+    for (int c = 0, base = 0; c < kItemClasses; base += class_items[c++]) cursor[c] = base;
+    for (int32_t b = 0; b < n; ++b) {
+        SeqSchedule &s = out.seqs[size_t(b)];
+        int32_t &next = cursor[item_class(seq_blocks(s.kv_len, g), s.splits, sum.target_blocks)];
+        s.item_first = next;
+        next += s.splits * g.head_blocks;
     }
     if (items > g.max_items)
         return fail(MLA_ERROR_INTERNAL, "schedule produced %d work items, above its bound %d", items, g.max_items);

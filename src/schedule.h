@@ -53,7 +53,7 @@ struct SeqSchedule {
     int32_t kv_len;
     int32_t page_begin;     // kv_indptr[b]
     int32_t splits;         // KV splits (same for every head block); 0 if q_len == 0
-    int32_t item_first;     // first work item; items are [head_block][split]
+    int32_t item_first;     // first work item; items are [head_block][split], sequences by item_class
     int32_t partial_first;  // first workspace slot, -1 when not split
     int32_t reserved;
 };
@@ -156,6 +156,19 @@ MLA_HD void split_range(int32_t k, int32_t splits, int32_t kv_len, const Schedul
     const int64_t e = int64_t(k + 1) * chunk * g.block_tokens;
     *begin = int32_t(b < kv_len ? b : kv_len);
     *end = int32_t(e < kv_len ? e : kv_len);
+}
+
+// Size class of a sequence's items (balanced mode; 0 otherwise): 0 for
+// items of at least 3/4 of the target, then 1/2, 1/4, smaller. Items are laid
+// out class by class (each class in sequence order) so that the long items
+// of a ragged batch start in the first wave of CTAs and the short ones fill
+// the gaps, instead of a long item starting last. Where items sit does not
+// change any result: the combine merges a sequence's splits in split order.
+constexpr int kItemClasses = 4;
+MLA_HD int32_t item_class(int32_t blocks, int32_t splits, int32_t target_blocks) {
+    if (target_blocks <= 0 || splits <= 0) return 0;
+    const int64_t chunk = ceil_div(blocks, splits), t = target_blocks;
+    return 4 * chunk >= 3 * t ? 0 : 2 * chunk >= t ? 1 : 4 * chunk >= t ? 2 : 3;
 }
 
 // Work item (head block hb, split k) of a sequence; its index is

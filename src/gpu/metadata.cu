@@ -18,19 +18,6 @@ constexpr int kMetaWarps = kMetaThreads / MLA_WARP_SIZE;
 constexpr int kCachedSeqs = 1024;
 static_assert(kMetaWarps <= MLA_WARP_SIZE, "one warp scans the warp totals");
 
-// Inclusive prefix sums of two values across a warp.
-__device__ int2 warp_inclusive_scan2(int2 v) {
-    const int lane = threadIdx.x % MLA_WARP_SIZE;
-    for (int off = 1; off < MLA_WARP_SIZE; off <<= 1) {
-        const int x = MLA_SHFL_UP(v.x, off), y = MLA_SHFL_UP(v.y, off);
-        if (lane >= off) {
-            v.x += x;
-            v.y += y;
-        }
-    }
-    return v;
-}
-
 // Sum and maximum across a warp (every lane gets them).
 template <class T>
 __device__ T warp_sum(T v) {
@@ -42,27 +29,55 @@ __device__ int warp_max(int v) {
     return v;
 }
 
-// Exclusive prefix sums over the CTA of two values per thread (warp scans,
+// N counters per thread, scanned together.
+template <int N>
+struct Counts {
+    int v[N];
+};
+
+// Inclusive prefix sums of N values across a warp.
+template <int N>
+__device__ Counts<N> warp_inclusive_scan(Counts<N> c) {
+    const int lane = threadIdx.x % MLA_WARP_SIZE;
+    for (int off = 1; off < MLA_WARP_SIZE; off <<= 1) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int x = MLA_SHFL_UP(c.v[i], off);
+            if (lane >= off) c.v[i] += x;
+        }
+    }
+    return c;
+}
+
+// Exclusive prefix sums over the CTA of N values per thread (warp scans,
 // then a scan of the warp totals); *total gets the sums. Two barriers.
-__device__ int2 block_exclusive_scan2(int2 value, int2 *warp_sums, int2 *total) {
+template <int N>
+__device__ Counts<N> block_exclusive_scan(const Counts<N> &value, Counts<N> *warp_sums, Counts<N> *total) {
     const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-    const int2 inclusive = warp_inclusive_scan2(value);
+    const Counts<N> inclusive = warp_inclusive_scan(value);
     if (lane == MLA_WARP_SIZE - 1) warp_sums[warp] = inclusive;
     __syncthreads();
     if (warp == 0) {
-        const int2 w = warp_inclusive_scan2(lane < kMetaWarps ? warp_sums[lane] : make_int2(0, 0));
+        Counts<N> w{};
+        if (lane < kMetaWarps) w = warp_sums[lane];
+        w = warp_inclusive_scan(w);
         if (lane < kMetaWarps) warp_sums[lane] = w;
     }
     __syncthreads();
-    const int2 base = warp > 0 ? warp_sums[warp - 1] : make_int2(0, 0);
+    Counts<N> r;
     *total = warp_sums[kMetaWarps - 1];
-    return make_int2(base.x + inclusive.x - value.x, base.y + inclusive.y - value.y);
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.v[i] = (warp > 0 ? warp_sums[warp - 1].v[i] : 0) + inclusive.v[i] - value.v[i];
+    return r;
 }
 
 __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataParams p) {
     const ScheduleGeometry &g = p.geometry;
     const int n = p.batch_size, tid = threadIdx.x;
-    __shared__ int2 warp_sums[kMetaWarps];
+    // Counts per thread: items of each size class (schedule.h), then partials.
+    constexpr int kPartials = kItemClasses;
+    using ItemCounts = Counts<kItemClasses + 1>;
+    __shared__ ItemCounts warp_sums[kMetaWarps];
     __shared__ unsigned long long total_blocks;
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
@@ -128,45 +143,55 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     }
 
     const int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
-    int items = 0, partials = 0, local_max = 0;
+    ItemCounts counts{};
+    int local_max = 0;
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule &s = sched(b);
         s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), target, g);
-        items += s.splits * g.head_blocks;
-        if (s.splits > 1) partials += s.splits * g.head_blocks;
+        counts.v[item_class(seq_blocks(s.kv_len, g), s.splits, target)] += s.splits * g.head_blocks;
+        if (s.splits > 1) counts.v[kPartials] += s.splits * g.head_blocks;
         local_max = max(local_max, s.splits);
     }
     local_max = warp_max(local_max);
     if (lane == 0) atomicMax(&max_splits, local_max);
-    int2 totals;
-    const int2 cursors = block_exclusive_scan2(make_int2(items, partials), warp_sums, &totals);
-    const int total_items = totals.x, total_partials = totals.y;
+    ItemCounts totals;
+    ItemCounts cursor = block_exclusive_scan(counts, warp_sums, &totals);
+    int total_items = 0;
+#pragma unroll
+    for (int c = 0; c < kItemClasses; ++c) {  // classes one after the other
+        cursor.v[c] += total_items;
+        total_items += totals.v[c];
+    }
+    const int total_partials = totals.v[kPartials];
     const bool fits = total_items <= g.max_items;
-    int item_cursor = cursors.x, partial_cursor = cursors.y;
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule &s = sched(b);
         if (fits) {
-            s.item_first = item_cursor;
-            s.partial_first = s.splits > 1 ? partial_cursor : -1;
-            item_cursor += s.splits * g.head_blocks;
-            if (s.splits > 1) partial_cursor += s.splits * g.head_blocks;
+            const int cls = item_class(seq_blocks(s.kv_len, g), s.splits, target);
+#pragma unroll
+            for (int c = 0; c < kItemClasses; ++c)  // registers, not a local-memory index
+                if (c == cls) {
+                    s.item_first = cursor.v[c];
+                    cursor.v[c] += s.splits * g.head_blocks;
+                }
+            s.partial_first = s.splits > 1 ? cursor.v[kPartials] : -1;
+            if (s.splits > 1) cursor.v[kPartials] += s.splits * g.head_blocks;
         }
         if (b < kCachedSeqs) p.seqs[b] = s;
     }
     __syncthreads();  // every sequence's schedule is final
-    // The items, a thread each. An item's sequence is the last one whose
-    // item_first is <= the item (sequences without items share item_first
-    // with the next, so the search never lands on one).
-    for (int i = tid; fits && i < total_items; i += kMetaThreads) {
-        int lo = 0, hi = n - 1;  // item_first(lo) <= i
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (sched(mid).item_first <= i) lo = mid;
-            else hi = mid - 1;
+    // The items: up to kMetaWarps sequences a warp each, its lanes over the
+    // sequence's items; more sequences a thread each (item_first follows the
+    // size classes, not the sequence order, so no search over it).
+    if (fits && n <= kMetaWarps) {
+        const int b = tid / MLA_WARP_SIZE;
+        if (b < n) {
+            const SeqSchedule s = sched(b);
+            for (int j = lane; j < s.splits * g.head_blocks; j += MLA_WARP_SIZE)
+                p.items[s.item_first + j] = make_item(b, s, g, j / s.splits, j % s.splits);
         }
-        const SeqSchedule s = sched(lo);
-        const int j = i - s.item_first;
-        p.items[i] = make_item(lo, s, g, j / s.splits, j % s.splits);
+    } else if (fits) {
+        for (int b = b_begin; b < b_end; ++b) emit_items(b, sched(b), g, p.items);
     }
     if (tid == 0) {
         ScheduleSummary sum{};
