@@ -94,9 +94,10 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     int32_t class_items[kItemClasses] = {};
     for (int32_t b = 0; b < n; ++b) {
         SeqSchedule &s = out.seqs[size_t(b)];
-        s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), sum.target_blocks, g);
+        const int32_t blocks = seq_blocks(s.kv_len, g);
+        s.splits = seq_splits(s.q_len, blocks, sum.target_blocks, g);
         s.partial_first = s.splits > 1 ? partials : -1;
-        class_items[item_class(seq_blocks(s.kv_len, g), s.splits, sum.target_blocks)] += s.splits * g.head_blocks;
+        class_items[item_class(blocks, s.splits, sum.target_blocks)] += s.splits * g.head_blocks;
         items += s.splits * g.head_blocks;
         if (s.splits > 1) partials += s.splits * g.head_blocks;
         if (s.splits > sum.max_splits) sum.max_splits = s.splits;

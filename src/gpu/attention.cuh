@@ -26,7 +26,7 @@ struct AttentionShape {
 #if defined(MLA_PORTABLE_KERNELS)
     static constexpr int N = 16;
 #else
-    static constexpr int N = KvTile<KV, 16, 2>::kFragmentDecode ? 64 : 32;
+    static constexpr int N = decodes_into_fragments(KV) ? 64 : 32;
 #endif
     static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
     static constexpr int WM = ROWS / 16;               // warps along rows
@@ -52,9 +52,9 @@ struct AttentionShape {
     static constexpr int kRowThreads = kThreads / ROWS < N / 2 ? kThreads / ROWS : N / 2;
     static constexpr int kRowCols = N / kRowThreads;
     // Two tiles in flight: tile j + 2 is issued into tile j's stage once that
-    // is consumed (after the P V of the iteration; with the portable
-    // kernels' decode into shared memory, after that decode). Three stages with the issue at the top of the loop measured
-    // slower on the H200 (bf16 and fp8 then fit one CTA per SM; MXFP4, which
+    // is consumed (after the P V of the iteration; with KV decoded into
+    // shared memory, after that decode). Three stages with the issue at the
+    // top of the loop measured slower on the H200 (bf16 and fp8 then fit one CTA per SM; MXFP4, which
     // still fits two, gained nothing): docs/performance.md, v5.
     static constexpr int kStages = 2;
     using Kv = KvTile<KV, N, kStages>;
@@ -221,9 +221,6 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
             // No barrier: the next iteration's first one orders this tile's
             // reads of S, P and the decoded tile before their next writes.
         } else {
-            // The scale words of tile j + 1, issued one iteration ago (their
-            // loads' latency hid behind this tile's math).
-            kv.finish_issue((j + 1) % S::kStages);
             __syncthreads();  // every warp's P V read of the stage is done
             if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage);
             async_commit();

@@ -7,8 +7,9 @@
 // (no bf16 copy, no barrier between decode and math). A non-transposed load
 // gives a lane 4 consecutive dims of one token, so the reduction order inside
 // each MMA step of Q K^T is permuted, and the Q fragments are read to match
-// (two 64-bit loads instead of an ldmatrix); a transposed load gives a lane two tokens of two adjacent
-// dims, so the output columns of P V are permuted (pv_col). MXFP4 tiles, and
+// (two 64-bit loads instead of an ldmatrix); a transposed load gives a lane
+// two tokens of two adjacent dims, so the output columns of P V are permuted
+// (pv_col). MXFP4 tiles, and
 // every quantised tile of the portable kernels, are decoded into a bf16 tile
 // in shared memory first: E2M1 decoding costs ~3 integer instructions an
 // element, and fragments decode K's first 512 dims twice (once as K, once as
@@ -26,6 +27,16 @@ constexpr int kKvLd = MLA_HEAD_DIM_QK + 8;  // bf16 row stride of Q/K tiles (odd
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Whether KV format `kv` is decoded into MMA fragments (else, when quantised,
+// into a bf16 tile in shared memory).
+constexpr bool decodes_into_fragments(int kv) {
+#if defined(MLA_PORTABLE_KERNELS)
+    return false;
+#else
+    return kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_FP8_E4M3_FNUZ;
+#endif
+}
+
 // Shared-memory staging of KV tiles of N tokens in format KV, STAGES tiles
 // in flight.
 template <int KV, int N, int STAGES>
@@ -39,12 +50,11 @@ struct KvTile {
     // Bytes of the landing buffers (bf16: the bf16 tiles themselves).
     static constexpr int kLandingBytes = kQuantized ? kStages * N * kRawLd : kStages * N * kKvLd * 2;
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
-#if defined(MLA_PORTABLE_KERNELS)
-    static constexpr bool kFragmentDecode = false;
-#else
-    static constexpr bool kFragmentDecode = KV == MLA_DTYPE_FP8_E4M3 || KV == MLA_DTYPE_FP8_E4M3_FNUZ;
-#endif
+    static constexpr bool kFragmentDecode = decodes_into_fragments(KV);
     static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
+    // The kernel stores MXFP4's deferred scale words (finish_issue) only on
+    // the shared-memory decode path.
+    static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared, "MXFP4 needs finish_issue after each issue");
     static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
     // bf16 row stride of the Q tile: with fragment decoding a lane reads
     // 8 bytes of Q rows g and g + 8 per MMA step, conflict-free when the
@@ -107,8 +117,7 @@ struct KvTile {
         }
     }
 
-    // Store the partial scale words of the last issue into `stage` (a no-op
-    // when they are stored already).
+    // Store the partial scale words of the last issue into `stage`.
     __device__ void finish_issue(int stage) {
         if (KV != MLA_DTYPE_MXFP4) return;
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
@@ -119,7 +128,6 @@ struct KvTile {
                 *reinterpret_cast<uint32_t *>(scales + (stage * N + warp + i * kWarps) * kScaleLd + lane * 4) =
                     (part16[i] << (d & 2u ? 16 : 0)) | (part8[i] << (8 * ((d >> 2) & 3u)));
         }
-        part_desc = 0;
     }
 
     // Word `word` (the lane) of the 18 scale bytes of KV row `row` into staged
@@ -157,8 +165,9 @@ struct KvTile {
         part_desc |= (1u | (at16 == 2 ? 2u : 0u) | (uint32_t(at8 & 3) << 2)) << (4 * i);
     }
 
-    // Portable kernels, quantised KV: decode stage `stage` into `converted`
-    // (the caller puts a barrier between this and the products).
+    // KV decoded in shared memory (MXFP4; every quantised format of the
+    // portable kernels): decode stage `stage` into `converted` (the caller
+    // puts a barrier between this and the products).
     __device__ void decode_to_shared(int stage) {
         if (!kDecodesToShared) return;
         const uint8_t *raw = landing + size_t(stage) * N * kRawLd;

@@ -147,8 +147,9 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     int local_max = 0;
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule &s = sched(b);
-        s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), target, g);
-        counts.v[item_class(seq_blocks(s.kv_len, g), s.splits, target)] += s.splits * g.head_blocks;
+        const int kv_blocks = seq_blocks(s.kv_len, g);
+        s.splits = seq_splits(s.q_len, kv_blocks, target, g);
+        counts.v[item_class(kv_blocks, s.splits, target)] += s.splits * g.head_blocks;
         if (s.splits > 1) counts.v[kPartials] += s.splits * g.head_blocks;
         local_max = max(local_max, s.splits);
     }
