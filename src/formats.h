@@ -41,6 +41,32 @@ MLA_HD uint16_t float_to_bf16(float f) {
     return uint16_t(bits >> 16);
 }
 
+// IEEE binary16 (f16), for the warpgroup-MMA kernels' operands: float ->
+// f16 rounded to nearest even (subnormals kept, overflow to inf), and back.
+MLA_HD uint16_t float_to_f16_rn(float f) {
+    const uint32_t x = float_to_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+    if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: inf
+    if (ax < 0x38800000u) {                                   // below 2^-14: a multiple of 2^-24
+        const float v = bits_to_float(ax) * 16777216.0f;      // exact
+        uint32_t q = uint32_t(v);
+        const float frac = v - float(q);
+        if (frac > 0.5f || (frac == 0.5f && (q & 1u))) ++q;
+        return uint16_t(sign | q);
+    }
+    uint32_t h = (ax - 0x38000000u) >> 13;  // exponent rebased 127 -> 15, 10 mantissa bits
+    const uint32_t rest = ax & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+    return uint16_t(sign | h);
+}
+
+MLA_HD float f16_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) return (sign ? -1.0f : 1.0f) * float(man) * 5.9604644775390625e-08f;  // 2^-24
+    if (exp == 31) return bits_to_float(sign | 0x7f800000u | (man << 13));
+    return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
 // OCP E4M3 ("e4m3fn"): bias 7, no infinities, S.1111.111 is NaN, max 448.
 MLA_HD float fp8_e4m3_to_float(uint8_t v) {
     const uint32_t sign = uint32_t(v & 0x80u) << 24;

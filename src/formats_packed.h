@@ -23,6 +23,9 @@ struct Bf16x4 {
 struct Bf16x8 {
     uint32_t w[4];
 };
+struct F16x4 {
+    uint32_t w[2];  // f16 elements 2i, 2i + 1 in w[i]
+};
 
 #if MLA_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define MLA_HAVE_CVT_E4M3X2 1
@@ -52,6 +55,17 @@ MLA_HD uint32_t pack_bf16x2_rn(float lo, float hi) {
     return r;
 #else
     return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+#endif
+}
+
+// Two floats -> an f16 pair rounded to nearest even (lo in the low half).
+MLA_HD uint32_t pack_f16x2_rn(float lo, float hi) {
+#if defined(MLA_HAVE_FMA_BF16X2)
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return uint32_t(float_to_f16_rn(lo)) | (uint32_t(float_to_f16_rn(hi)) << 16);
 #endif
 }
 
@@ -88,6 +102,27 @@ MLA_HD uint32_t e4m3x2_to_bf16x2(uint32_t codes) {
     return pack_exact_bf16x2(fp8_to_float_branchless<MLA_DTYPE_FP8_E4M3>(codes & 0xffu),
                              fp8_to_float_branchless<MLA_DTYPE_FP8_E4M3>((codes >> 8) & 0xffu));
 #endif
+}
+
+// Two OCP E4M3 codes (low byte = element 0) -> f16 pair (exact: every E4M3
+// value is an f16 value): one cvt on sm_89+.
+MLA_HD uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if defined(MLA_HAVE_CVT_E4M3X2)
+    uint32_t r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(uint16_t(codes)));
+    return r;
+#else
+    return pack_f16x2_rn(fp8_to_float_branchless<MLA_DTYPE_FP8_E4M3>(codes & 0xffu),
+                         fp8_to_float_branchless<MLA_DTYPE_FP8_E4M3>((codes >> 8) & 0xffu));
+#endif
+}
+
+// Four OCP E4M3 codes (byte i = element i) -> four f16.
+MLA_HD F16x4 e4m3x4_to_f16x4(uint32_t codes) {
+    F16x4 r;
+    r.w[0] = e4m3x2_to_f16x2(codes & 0xffffu);
+    r.w[1] = e4m3x2_to_f16x2(codes >> 16);
+    return r;
 }
 
 // Four fp8 codes (byte i = element i) -> four bf16.

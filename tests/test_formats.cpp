@@ -4,6 +4,7 @@
 //              among random neighbours
 //   e2m1x8     every byte (two E2M1 codes) at every position, times every
 //              E8M0 scale 0..255 (subnormal results, overflow to inf, NaN)
+//   f16        float <-> f16 (every code, every rounding tie) and E4M3 -> f16
 //   byte_perm  the host emulation of the GPU's byte permute
 // Results must equal float_to_bf16(scalar value) bitwise; NaN codes must give
 // a NaN. The device-only instruction paths (cvt / bf16x2 fma) are checked on
@@ -73,6 +74,43 @@ void test_e2m1x8(void **) {
             }
 }
 
+// f16: every code round-trips through float; floats between neighbouring
+// f16 values round to nearest even; every E4M3 code decodes exactly.
+void test_f16(void **) {
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+        const float f = mla::f16_to_float(uint16_t(h));
+        const bool nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+        const uint16_t back = mla::float_to_f16_rn(f);
+        if (nan ? ((back & 0x7c00u) != 0x7c00u || (back & 0x3ffu) == 0) : back != h) {
+            std::printf("f16 0x%04x -> %g -> 0x%04x\n", h, double(f), back);
+            fail();
+        }
+        // Halfway to the next code up (same sign): ties go to the even code.
+        if (nan || (h & 0x7fffu) >= 0x7bffu) continue;
+        const float next = mla::f16_to_float(uint16_t(h + 1)), mid = 0.5f * (f + next);
+        const uint16_t want = (h & 1u) ? uint16_t(h + 1) : uint16_t(h);
+        if (mla::float_to_f16_rn(mid) != want) {
+            std::printf("f16 tie between 0x%04x and 0x%04x: got 0x%04x\n", h, h + 1, mla::float_to_f16_rn(mid));
+            fail();
+        }
+    }
+    assert_int_equal(mla::float_to_f16_rn(65504.0f), 0x7bffu);
+    assert_int_equal(mla::float_to_f16_rn(65519.0f), 0x7bffu);
+    assert_int_equal(mla::float_to_f16_rn(65520.0f), 0x7c00u);
+    assert_int_equal(mla::float_to_f16_rn(-1e30f), 0xfc00u);
+    for (unsigned code = 0; code < 256; ++code) {
+        const float want = mla::fp8_e4m3_to_float(uint8_t(code));
+        const mla::F16x4 r = mla::e4m3x4_to_f16x4(code | (code << 24));
+        for (int i : {0, 3}) {
+            const float got = mla::f16_to_float(half(r.w[i / 2], i % 2));
+            if (want != want ? got == got : got != want) {
+                std::printf("e4m3 0x%02x -> f16 %g, want %g\n", code, double(got), double(want));
+                fail();
+            }
+        }
+    }
+}
+
 void test_byte_perm(void **) {
     const uint32_t lo = 0x33221100u, hi = 0x77665544u;
     assert_int_equal(mla::byte_perm(lo, hi, 0x3210u), lo);
@@ -89,6 +127,7 @@ int main() {
         cmocka_unit_test(test_fp8_e4m3),
         cmocka_unit_test(test_fp8_e4m3_fnuz),
         cmocka_unit_test(test_e2m1x8),
+        cmocka_unit_test(test_f16),
         cmocka_unit_test(test_byte_perm),
     };
     return cmocka_run_group_tests_name("formats", tests, nullptr, nullptr);

@@ -7,6 +7,7 @@
 
 #include <math.h>
 
+#include "attention_wgmma.cuh"
 #include "kernels.h"
 #include "kv_tile.cuh"
 #include "tile.cuh"
@@ -265,33 +266,49 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
     }
 }
 
+// The kernel a (rows, kv) specialisation runs: the warpgroup-MMA one
+// (attention_wgmma.cuh) where it exists, else attention_kernel.
+template <int ROWS, int KV>
+struct AttentionKernel {
+    static constexpr bool kWgmma = uses_wgmma(ROWS, KV);
+    static constexpr int kThreads = kWgmma ? WgmmaShape<ROWS, KV>::kThreads : gpu::kThreads;
+    static constexpr int kSmemBytes = kWgmma ? WgmmaShape<ROWS, KV>::kSmemBytes : AttentionShape<ROWS, KV>::kSmemBytes;
+    static constexpr auto function() {
+        if constexpr (kWgmma) {
+            return &attention_wgmma_kernel<ROWS, KV>;
+        } else {
+            return &attention_kernel<ROWS, KV>;
+        }
+    }
+};
+
 template <int ROWS, int KV>
 int attention_smem_bytes() {
-    return AttentionShape<ROWS, KV>::kSmemBytes;
+    return AttentionKernel<ROWS, KV>::kSmemBytes;
 }
 
 template <int ROWS, int KV>
 hipError_t prepare_attention(int max_dynamic_smem) {
-    const int bytes = AttentionShape<ROWS, KV>::kSmemBytes;
-    if (bytes > max_dynamic_smem) return hipErrorInvalidValue;
-    return hipFuncSetAttribute(reinterpret_cast<const void *>(&attention_kernel<ROWS, KV>),
-                               hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    using K = AttentionKernel<ROWS, KV>;
+    if (K::kSmemBytes > max_dynamic_smem) return hipErrorInvalidValue;
+    return hipFuncSetAttribute(reinterpret_cast<const void *>(K::function()), hipFuncAttributeMaxDynamicSharedMemorySize,
+                               K::kSmemBytes);
 }
 
 template <int ROWS, int KV>
 int attention_blocks_per_sm() {
+    using K = AttentionKernel<ROWS, KV>;
     int blocks = 0;
-    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, &attention_kernel<ROWS, KV>, kThreads,
-                                                     AttentionShape<ROWS, KV>::kSmemBytes) != hipSuccess)
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, K::function(), K::kThreads, K::kSmemBytes) != hipSuccess)
         return 1;
     return blocks > 0 ? blocks : 1;
 }
 
 template <int ROWS, int KV>
 hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream) {
-    const auto kernel = &attention_kernel<ROWS, KV>;
-    constexpr int kSmem = AttentionShape<ROWS, KV>::kSmemBytes;
-    MLA_LAUNCH(kernel, grid, kThreads, kSmem, stream)(p);
+    using K = AttentionKernel<ROWS, KV>;
+    const auto kernel = K::function();
+    MLA_LAUNCH(kernel, grid, K::kThreads, K::kSmemBytes, stream)(p);
     return hipGetLastError();
 }
 

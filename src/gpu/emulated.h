@@ -11,10 +11,12 @@
 //                             memory per block, the portable kernels.
 //   MLA_GPU_EMULATED_NVIDIA   an sm_90-like device: 32-wide warps, 227 KB of
 //                             shared memory, and the NVIDIA kernels' own path:
-//                             ldmatrix, mma.sync m16n8k16 bf16 and cp.async
-//                             (whose copies land only when a wait_group
-//                             requires them, the latest the PTX rules allow,
-//                             so a read before its wait sees stale bytes).
+//                             ldmatrix, mma.sync m16n8k16 bf16, wgmma
+//                             m64nNk16 bf16/f16 (A in registers), cp.async
+//                             (copies and wgmmas complete only when a
+//                             wait_group requires them, the latest the PTX
+//                             rules allow, so a read before its wait sees
+//                             stale data).
 // Barrier divergence (a warp whose lanes wait at different barriers, or a
 // CTA barrier that some threads never reach) aborts with a message.
 // Kernel launches are serialised process-wide. Context switches are a few
@@ -163,7 +165,7 @@ inline hipError_t hipGraphExecDestroy(hipGraphExec_t) { return hipSuccess; }
 
 // ---- device side -------------------------------------------------------------
 
-#include "../formats.h"  // bf16_to_float for the emulated MMA
+#include "../formats.h"  // bf16_to_float, f16_to_float for the emulated MMAs
 
 #define __global__
 #define __device__
@@ -248,6 +250,19 @@ struct Cta {
         std::deque<std::vector<Copy>> groups;  // committed, oldest first
     };
     std::vector<AsyncCopies> copies;        // per thread (cp.async)
+    struct Wgmma {
+        float *d;       // the issuing thread's accumulators
+        int n;          // N of m64nNk16
+        bool f16;       // f16 elements (else bf16)
+        uint64_t desc;  // B operand
+        bool accumulate;
+        uint32_t a[32][4];  // the warp's A fragments
+    };
+    struct AsyncWgmmas {
+        std::vector<Wgmma> open;
+        std::deque<std::vector<Wgmma>> groups;
+    };
+    std::vector<AsyncWgmmas> wgmmas;        // per thread (wgmma.mma_async)
     std::vector<unsigned char> dynamic_smem;
     const std::function<void()> *body = nullptr;
 };
@@ -380,11 +395,13 @@ struct Launch {
         c.lanes.assign(threads, 0);
         c.exchange.assign(size_t(threads) * kExchangeWords, 0);
         c.copies.assign(threads, Cta::AsyncCopies{});
+        c.wgmmas.assign(threads, Cta::AsyncWgmmas{});
         for (unsigned b = 0; b < grid; ++b) {
             c.block = b;
             c.dynamic_smem.assign(smem + 16, 0xff);  // uninitialised shared memory reads as NaN
             // Copies a previous CTA left in flight are dropped with its shared memory.
             for (Cta::AsyncCopies &q : c.copies) q = Cta::AsyncCopies{};
+            for (Cta::AsyncWgmmas &q : c.wgmmas) q = Cta::AsyncWgmmas{};
             run_cta();
         }
         c.body = nullptr;
@@ -521,6 +538,71 @@ inline void cp_async_wait(int pending) {
     }
 }
 
+// wgmma.mma_async m64nNk16 bf16 / f16 with A in registers (src/gpu/tile.cuh,
+// Wgmma): queued per thread with a copy of its warp's A fragments, computed
+// when a wgmma.wait_group requires it (the latest the PTX rules allow), so
+// reading accumulators before the wait sees stale values and B is read
+// from shared memory only then. Each warp's 16 rows of D depend only on its
+// own A rows, so the warpgroup needs no rendezvous.
+inline uint32_t smem_offset(const void *p) {
+    return uint32_t(static_cast<const unsigned char *>(p) - static_cast<const unsigned char *>(dynamic_smem()));
+}
+inline void wgmma(float *d, int n, bool f16, const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
+    const uint32_t *all = warp_publish(a, 4);
+    Cta::Wgmma op;
+    op.d = d, op.n = n, op.f16 = f16, op.desc = desc, op.accumulate = accumulate;
+    for (int l = 0; l < 32; ++l)
+        for (int r = 0; r < 4; ++r) op.a[l][r] = all[size_t(l) * kExchangeWords + r];
+    warp_release();
+    cta().wgmmas[size_t(cta().current)].open.push_back(op);
+}
+inline void wgmma_commit() {
+    Cta::AsyncWgmmas &q = cta().wgmmas[size_t(cta().current)];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+}
+inline void wgmma_run(const Cta::Wgmma &op) {
+    const unsigned char *base = static_cast<const unsigned char *>(dynamic_smem());
+    const unsigned char *start = base + ((op.desc & 0x3fffu) << 4);
+    const size_t k_stride = ((op.desc >> 16) & 0x3fffu) << 4, n_stride = ((op.desc >> 32) & 0x3fffu) << 4;
+    auto value = [&](uint32_t bits) { return op.f16 ? f16_to_float(uint16_t(bits)) : bf16_to_float(uint16_t(bits)); };
+    auto A = [&](int i, int k) {  // the mma.sync m16n8k16 A fragment layout
+        const int reg = (i >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), lane = (i % 8) * 4 + (k % 8) / 2;
+        return value(op.a[lane][reg] >> (16 * (k & 1)));
+    };
+    auto B = [&](int k, int j) {
+        return value(load_u16(start + (j / 8) * n_stride + (k / 8) * k_stride + (j % 8) * 16 + (k % 8) * 2));
+    };
+    const int lane = cta().current % MLA_WARP_SIZE, g = lane / 4, t = lane % 4;
+    for (int i = 0; i < op.n / 8; ++i)
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + (e >= 2 ? 8 : 0), col = 8 * i + 2 * t + (e & 1);
+            float acc = op.accumulate ? op.d[4 * i + e] : 0.0f;
+            for (int k = 0; k < 16; ++k) acc = fmaf(A(row, k), B(k, col), acc);
+            op.d[4 * i + e] = acc;
+        }
+}
+inline void wgmma_wait(int pending) {
+    Cta::AsyncWgmmas &q = cta().wgmmas[size_t(cta().current)];
+    while (int(q.groups.size()) > pending) {
+        for (const Cta::Wgmma &op : q.groups.front()) wgmma_run(op);
+        q.groups.pop_front();
+    }
+}
+
+// __syncthreads_or: a block barrier that also returns whether any thread's
+// predicate was non-zero (threads that have exited count as zero).
+inline int syncthreads_or(int predicate) {
+    Cta &c = cta();
+    c.lanes[size_t(c.current)] = predicate != 0;
+    wait_at(kAtBlockBarrier);
+    int any = 0;
+    for (unsigned t = 0; t < c.threads; ++t)
+        if (c.fibers[t].state != kDone && c.lanes[t]) any = 1;
+    wait_at(kAtBlockBarrier);  // every thread has read the predicates before any reuses its slot
+    return any;
+}
+
 }  // namespace emu
 }  // namespace mla
 
@@ -530,6 +612,7 @@ inline void cp_async_wait(int pending) {
 #define gridDim (::mla::emu::grid_dim())
 
 inline void __syncthreads() { mla::emu::wait_at(mla::emu::kAtBlockBarrier); }
+inline int __syncthreads_or(int predicate) { return mla::emu::syncthreads_or(predicate); }
 inline void __syncwarp(unsigned = 0xffffffffu) { mla::emu::wait_at(mla::emu::kAtWarpBarrier); }
 inline uint32_t __byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
     const uint64_t bytes = (uint64_t(hi) << 32) | lo;

@@ -38,8 +38,8 @@ constexpr bool decodes_into_fragments(int kv) {
 }
 
 // Shared-memory staging of KV tiles of N tokens in format KV, STAGES tiles
-// in flight.
-template <int KV, int N, int STAGES>
+// in flight, issued by the THREADS threads of a CTA.
+template <int KV, int N, int STAGES, int THREADS = kThreads>
 struct KvTile {
     static constexpr bool kQuantized = KV != MLA_DTYPE_BF16;
     static constexpr int kRowBytes = KV == MLA_DTYPE_BF16 ? 1152 : KV == MLA_DTYPE_MXFP4 ? 288 : 576;
@@ -61,7 +61,7 @@ struct KvTile {
     // stride is 8 words modulo the 32 banks.
     static constexpr int kQLd = kFragmentDecode ? MLA_HEAD_DIM_QK + 16 : kKvLd;
     static constexpr int kRowMetaBytes = kStages * N;     // scale misalignment per staged row
-    static constexpr int kWarps = kThreads / MLA_WARP_SIZE;
+    static constexpr int kWarps = THREADS / MLA_WARP_SIZE;
     static constexpr int kRowsPerWarp = N / kWarps;
     static_assert(N % kWarps == 0 && kRowsPerWarp <= MLA_WARP_SIZE, "whole rows per warp");
 
@@ -243,6 +243,111 @@ struct KvTile {
     // (same element); otherwise it is element e + 1 of tile nt.
     static constexpr bool kPvPairsAcrossTiles = kFragmentDecode;
 
+    // ---- The products on the warpgroup MMA (attention_wgmma.cuh) ----------
+    // Transposed: S^T = K Q^T and O^T += V^T P^T, so the tile's 64 tokens and
+    // V's dims are the M = 64 of each wgmma and the item's ROWS query rows
+    // its N. Warp w supplies A rows 16w..16w+15, E4M3 codes decoded into f16
+    // fragments (one cvt per pair; Q and P are f16 too) by the ldmatrix
+    // tricks of the MMA path: in S^T the reduction order of each 16-dim step
+    // is permuted (Q is staged to match), in O^T the rows of warp w's 16
+    // dims come out as even then odd dims (wgmma_pv_dim).
+
+    // s[64 x ROWS] = K Q^T on stage `stage`: warp w has rows = tokens
+    // 16w..16w+15; q_desc points at dims 0..15 of Q, each 16-dim step
+    // `q_step` bytes further. Returns with the products complete.
+    template <int ROWS>
+    __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage) const {
+#if defined(MLA_TILE_WGMMA)
+        static_assert(KV == MLA_DTYPE_FP8_E4M3 && N == 64, "the warpgroup path decodes E4M3 fragments of 64 tokens");
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        // ldmatrix.x4 rows: tokens 16w + (0..7 | 8..15) at bytes +0 | +16 of a
+        // 32-dim pair of steps: matrices 0, 1 are step 2q's A rows g, g + 8 and
+        // matrices 2, 3 step 2q + 1's; a lane gets dims 4t..4t+3 of its token.
+        const uint8_t *src = landing + (size_t(stage) * N + 16 * warp + (lane & 15)) * kRawLd + (lane >> 4) * 16;
+        // Commit groups of four steps, two in flight (finer groups measured
+        // slower on the H200: more fences and waits per tile).
+        constexpr int kPairsPerGroup = 2, kGroups = MLA_HEAD_DIM_QK / 32 / kPairsPerGroup;
+        uint32_t a[2][2 * kPairsPerGroup][4];  // two groups' A fragments in flight
+#pragma unroll
+        for (int gr = 0; gr < kGroups; ++gr) {
+            uint32_t(&f)[2 * kPairsPerGroup][4] = a[gr & 1];
+            if (gr >= 2) Wgmma::wait<1>();  // group gr - 2, which read f, is done
+#pragma unroll
+            for (int q = 0; q < kPairsPerGroup; ++q) {
+                uint32_t r[4];
+                Tile::ldsm_x4(r, src + (gr * kPairsPerGroup + q) * 32);
+                const F16x4 v0 = e4m3x4_to_f16x4(r[0]), v1 = e4m3x4_to_f16x4(r[1]);
+                const F16x4 v2 = e4m3x4_to_f16x4(r[2]), v3 = e4m3x4_to_f16x4(r[3]);
+                f[2 * q][0] = v0.w[0], f[2 * q][1] = v1.w[0], f[2 * q][2] = v0.w[1], f[2 * q][3] = v1.w[1];
+                f[2 * q + 1][0] = v2.w[0], f[2 * q + 1][1] = v3.w[0], f[2 * q + 1][2] = v2.w[1], f[2 * q + 1][3] = v3.w[1];
+            }
+            Wgmma::fence();
+#pragma unroll
+            for (int i = 0; i < 2 * kPairsPerGroup; ++i) {
+                const int step = gr * 2 * kPairsPerGroup + i;
+                Wgmma::mma<ROWS, true>(s, f[i], Wgmma::advance(q_desc, step * q_step), step > 0);
+            }
+            Wgmma::commit();
+        }
+        Wgmma::wait<0>();
+        Wgmma::hold(s);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int i = 0; i < 2 * kPairsPerGroup; ++i) Wgmma::hold(a[b][i]);
+#endif
+    }
+
+    // o[b][64 x ROWS] += V^T P^T for dims 64b..64b+63 on stage `stage`;
+    // p_desc points at tokens 0..15 of P (f16), each 16-token step `p_step`
+    // bytes further. Returns with the products complete.
+    template <int ROWS>
+    __device__ void wgmma_pv(float (&o)[MLA_HEAD_DIM_V / 64][ROWS / 2], uint64_t p_desc, int p_step, int stage) const {
+#if defined(MLA_TILE_WGMMA)
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        // ldmatrix.x4.trans rows: tokens 32h + lane, 16 bytes at dim 64b + 16w:
+        // matrix m is tokens 8m..8m+7; a lane gets dims 2g, 2g + 1 of tokens
+        // 8m + 2t, 2t + 1, regrouped by dim: A rows g (dim 2g) and g + 8
+        // (dim 2g + 1) of k step m / 2, k 2t, 2t + 1 (m even) or 2t + 8.. (odd).
+        const uint8_t *src = landing + (size_t(stage) * N + lane) * kRawLd + 16 * warp;
+        constexpr int kBlocks = MLA_HEAD_DIM_V / 64;
+        uint32_t a[2][4][4];  // a commit group per block, two in flight: [block & 1][k step][reg]
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+            uint32_t(&f)[4][4] = a[b & 1];
+            if (b >= 2) Wgmma::wait<1>();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint32_t r[4];
+                Tile::ldsm_x4_trans(r, src + h * 32 * kRawLd + 64 * b);
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    const F16x4 v = e4m3x4_to_f16x4(byte_perm(r[m], 0, 0x3120u));
+                    f[2 * h + m / 2][2 * (m & 1)] = v.w[0];
+                    f[2 * h + m / 2][2 * (m & 1) + 1] = v.w[1];
+                }
+            }
+            Wgmma::fence();
+#pragma unroll
+            for (int k = 0; k < 4; ++k) Wgmma::mma<ROWS, true>(o[b], f[k], Wgmma::advance(p_desc, k * p_step), true);
+            Wgmma::commit();
+        }
+        Wgmma::wait<0>();
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) Wgmma::hold(o[b]);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) Wgmma::hold(a[b][k]);
+#endif
+    }
+
+    // The dim of accumulator element e of o[b] in wgmma_pv (its column is
+    // query row 8 (e / 4) + 2t + (e & 1)).
+    __device__ static int wgmma_pv_dim(int b, int warp, int lane, int e) {
+        return 64 * b + 16 * warp + 2 * (lane >> 2) + ((e >> 1) & 1);
+    }
+
   private:
     template <int NT, int K>
     __device__ void qk_fragments(float (&acc)[NT][Tile::kElems], const uint16_t *q, int stage, int col0,
@@ -328,17 +433,21 @@ struct KvTile {
     }
 };
 
+// Global index of the item's Q row r (token-major, heads of the head
+// block); padding rows read row 0.
+__device__ inline int64_t q_row_index(const AttentionParams &p, const WorkItem &w, int h0, int heads, int r) {
+    const bool valid = r < w.q_len * heads;
+    const int tok = w.q_begin + (valid ? r / heads : 0), h = h0 + (valid ? r % heads : 0);
+    return int64_t(tok) * p.num_heads + h;
+}
+
 // Load the item's query rows (token-major, heads of the head block) as bf16
 // into Qs[ROWS][Kv::kQLd]; padding rows are zero. bf16 rows are copied
 // asynchronously (part of the first commit group).
 template <int ROWS, class Kv>
 __device__ void load_q(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint16_t *qs) {
     const int rows_valid = w.q_len * heads;
-    auto row_of = [&](int r) {  // global index of Q row r (padding rows read row 0)
-        const bool valid = r < rows_valid;
-        const int tok = w.q_begin + (valid ? r / heads : 0), h = h0 + (valid ? r % heads : 0);
-        return int64_t(tok) * p.num_heads + h;
-    };
+    auto row_of = [&](int r) { return q_row_index(p, w, h0, heads, r); };
     if (p.q_dtype == MLA_DTYPE_BF16) {
         constexpr int kChunks = 1152 / 16;
         for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {

@@ -152,6 +152,117 @@ struct MmaSyncTile {
     }
 };
 
+// ---- NVIDIA sm_90a: warpgroup MMA (wgmma) --------------------------------
+// MLA_WGMMA_KERNELS comes from the build (every NVIDIA target is sm_90a, or
+// the sm_90-like CPU emulation); the kernels it enables are chosen in host
+// and device passes alike, the instructions exist only in the device pass.
+#if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS) && \
+    ((defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || defined(MLA_GPU_EMULATED_NVIDIA))
+#define MLA_TILE_WGMMA 1
+#endif
+
+// wgmma.mma_async m64nNk16 bf16 or f16 -> f32 with A in registers and B in
+// shared memory. A fragments are those of mma.sync m16n8k16 for the warp's 16 rows
+// (warp w of the warpgroup supplies rows 16w..16w+15); accumulator element
+// 4i + e of a lane is row 16w + g + 8 (e >> 1), column 8i + 2t + (e & 1)
+// (g = lane / 4, t = lane % 4). B is K-major without swizzle: core matrices
+// of 8 rows (of N) x 16 bytes (8 k), each stored as 128 contiguous bytes,
+// `k_stride` bytes apart along K and `n_stride` bytes apart along N.
+struct Wgmma {
+    static constexpr int kCoreBytes = 128;
+
+    __device__ static uint64_t desc(const void *smem, uint32_t k_stride, uint32_t n_stride) {
+#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
+        const uint32_t a = emu::smem_offset(smem);
+#elif defined(MLA_TILE_WGMMA)
+        const uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
+#else
+        const uint32_t a = 0;
+        (void)smem;
+#endif
+        return uint64_t((a >> 4) & 0x3fffu) | (uint64_t((k_stride >> 4) & 0x3fffu) << 16) |
+               (uint64_t((n_stride >> 4) & 0x3fffu) << 32);
+    }
+    // The descriptor `bytes` further on (a multiple of 16 inside shared memory).
+    __device__ static uint64_t advance(uint64_t d, int bytes) { return d + uint64_t(bytes >> 4); }
+
+    // Orders this thread's register accesses before the following wgmmas.
+    __device__ static void fence() {
+#if defined(MLA_TILE_WGMMA) && !defined(MLA_GPU_EMULATED)
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+    }
+    __device__ static void commit() {
+#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
+        emu::wgmma_commit();
+#elif defined(MLA_TILE_WGMMA)
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+    }
+    // Wait until at most N committed groups are in flight.
+    template <int N>
+    __device__ static void wait() {
+#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
+        emu::wgmma_wait(N);
+#elif defined(MLA_TILE_WGMMA)
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+    }
+    // Registers the compiler must treat as read and rewritten here: keeps
+    // accesses to accumulators and A fragments on the right side of a wait.
+    template <int K>
+    __device__ static void hold(float (&r)[K]) {
+#if defined(MLA_TILE_WGMMA) && !defined(MLA_GPU_EMULATED)
+#pragma unroll
+        for (int i = 0; i < K; ++i) asm volatile("" : "+f"(r[i])::"memory");
+#else
+        (void)r;
+#endif
+    }
+    template <int K>
+    __device__ static void hold(uint32_t (&r)[K]) {
+#if defined(MLA_TILE_WGMMA) && !defined(MLA_GPU_EMULATED)
+#pragma unroll
+        for (int i = 0; i < K; ++i) asm volatile("" : "+r"(r[i])::"memory");
+#else
+        (void)r;
+#endif
+    }
+
+    // d[64 x N] (+)= A[64 x 16] B[16 x N] of bf16 (F16: f16) elements;
+    // accumulate = false overwrites d.
+    template <int N, bool F16>
+    __device__ static void mma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
+        emu::wgmma(d, N, F16, a, b, accumulate);
+#elif defined(MLA_TILE_WGMMA)
+        static_assert(N == 16, "wgmma shapes: m64n16k16");
+#define MLA_WGMMA_M64N16K16(type)                                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." type "." type " {%0,%1,%2,%3,%4,%5,%6,%7}, "     \
+                 "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"                                                      \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
+        if constexpr (F16) {
+            MLA_WGMMA_M64N16K16("f16");
+        } else {
+            MLA_WGMMA_M64N16K16("bf16");
+        }
+#undef MLA_WGMMA_M64N16K16
+#else
+        (void)d, (void)a, (void)b, (void)accumulate;
+#endif
+    }
+};
+
+// Makes this thread's shared-memory writes visible to the async proxy
+// (wgmma operands read from shared memory); a barrier must follow.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(MLA_TILE_WGMMA) && !defined(MLA_GPU_EMULATED)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // ---- Portable SIMT tile: plain FMAs, any warp size (AMD until MFMA lands) -----
 struct SimtTile {
     static constexpr int kElems = 128 / MLA_WARP_SIZE;

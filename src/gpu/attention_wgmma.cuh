@@ -1,0 +1,330 @@
+// The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
+// items of 16 query rows with OCP E4M3 KV: the fp8 decode shapes of serving.
+// One CTA is one warpgroup and one work item, as in attention.cuh, but the
+// products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
+// the tile's 64 tokens on the M = 64 of the wgmma and the 16 rows on its N,
+// so nothing is padded; Q and P are the B operands in shared memory, K and V
+// are decoded from the raw fp8 stage into A fragments in registers.
+//
+// The operands are f16, not bf16: E4M3 -> f16 is one cvt per pair (bf16
+// takes four instructions) and exact. Q is staged as f16 times a power of two
+// that puts the item's largest |q| in [2^14, 2^15) (exact for bf16 and fp8
+// Q; the factor is taken out of the scores again). The softmax runs on the
+// S^T accumulators in registers; its reference maximum moves only when a
+// score exceeds it by more than kRescaleLog2, and P is stored as
+// 2^(s - reference + kPOffsetLog2), at most 2^15, with f16's flush below
+// 2^-24 at 2^-31 of the reference (bf16 P keeps less precision). The common
+// tile costs two barriers: the KV landing and P written (with the vote on
+// whether to rescale).
+#pragma once
+
+#include <math.h>
+
+#include "kernels.h"
+#include "kv_tile.cuh"
+#include "tile.cuh"
+
+namespace mla {
+namespace gpu {
+
+// Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
+constexpr bool uses_wgmma(int rows, int kv) {
+#if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
+    return rows == 16 && kv == MLA_DTYPE_FP8_E4M3;
+#else
+    (void)rows, (void)kv;
+    return false;
+#endif
+}
+
+template <int ROWS, int KV>
+struct WgmmaShape {
+    // One warpgroup. (Two, each with half of S^T's reduction, added through
+    // shared memory, and half of O^T's dims, had twice the warps per SM but
+    // measured 4% slower on the H200: docs/performance.md, v7.)
+    static constexpr int kThreads = 128;
+    static constexpr int kWarps = kThreads / 32;
+    static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
+    static constexpr int kStages = 2;     // tile j + 1 loads while tile j is computed
+    using Kv = KvTile<KV, N, kStages, kThreads>;
+    static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
+    static constexpr int kRowsPerThread = ROWS / 4;          // query rows 8i + 2t + c of a lane
+    static constexpr int kOBlocks = MLA_HEAD_DIM_V / 64;     // M blocks of O^T
+    // Q and P as K-major B operands: core matrices (8 rows x 8 elements) of
+    // one 8-element k chunk adjacent, chunks kChunkBytes apart.
+    static constexpr int kChunkBytes = ROWS / 8 * Wgmma::kCoreBytes;
+    static constexpr int kStepBytes = 2 * kChunkBytes;       // one 16-element k step
+    static constexpr int kQBytes = MLA_HEAD_DIM_QK / 8 * kChunkBytes;
+    static constexpr int kPBytes = N / 8 * kChunkBytes;      // one P^T buffer (two: tile parity)
+    static constexpr int kRedBytes = kWarps * ROWS * 4;      // per-warp row maxima / sums
+    static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
+    static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
+    static constexpr int kSmemBytes =
+        kQBytes + Kv::kLandingBytes + 2 * kPBytes + kRedBytes + kStatBytes + Kv::kRowMetaBytes;
+    static constexpr int kMinBlocksPerSm = 2;
+    static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16, "wgmma shapes: m64n16k16");
+    static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
+    static_assert(!uses_wgmma(ROWS, KV) || kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+};
+
+// A score more than this above the reference maximum (log2 units) moves it.
+constexpr float kRescaleLog2 = 8.0f;
+// P = 2^(score - reference + kPOffsetLog2) <= 2^15 < 65504 (f16's largest).
+constexpr float kPOffsetLog2 = 7.0f;
+
+// Q rows into the B-operand layout of S^T (K-major core matrices) as f16
+// times a power of two (see the top), each 16-dim step in the reduction
+// order of the E4M3 A fragments (k 2t, 2t + 1, 2t + 8, 2t + 9 = dims
+// 4t..4t+3). Synchronous; `red` holds THREADS / 32 floats. Returns the
+// factor's inverse, which the scores are multiplied by.
+template <int ROWS, int THREADS>
+__device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint8_t *qs,
+                              int chunk_bytes, float *red) {
+    constexpr int kSteps = MLA_HEAD_DIM_QK / 16, kThreadsQ = THREADS;
+    constexpr int kUnits = (ROWS * kSteps + kThreadsQ - 1) / kThreadsQ;  // (row, 16-dim step) units a thread
+    const int rows_valid = w.q_len * heads;
+    uint32_t v[kUnits][8];  // bf16 pairs: word i is dims 16s + 2i, 2i + 1
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+        const int u = threadIdx.x + k * kThreadsQ, r = u / kSteps, s = u - r * kSteps;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[k][i] = 0u;
+        if (u >= ROWS * kSteps || r >= rows_valid) continue;
+        const int64_t row = q_row_index(p, w, h0, heads, r);
+        if (p.q_dtype == MLA_DTYPE_BF16) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(p.q + row * 1152 + s * 32);
+            const uint4 lo = src[0], hi = src[1];
+            v[k][0] = lo.x, v[k][1] = lo.y, v[k][2] = lo.z, v[k][3] = lo.w;
+            v[k][4] = hi.x, v[k][5] = hi.y, v[k][6] = hi.z, v[k][7] = hi.w;
+        } else {
+            const uint4 c = *reinterpret_cast<const uint4 *>(p.q + row * 576 + s * 16);
+            const uint32_t codes[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(codes[i])
+                                                                 : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(codes[i]);
+                v[k][2 * i] = b.w[0], v[k][2 * i + 1] = b.w[1];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i)  // fmaxf drops NaN: a NaN in Q stays NaN after scaling
+            amax = fmaxf(amax, fmaxf(fabsf(bf16_to_float(uint16_t(v[k][i] & 0xffffu))),
+                                     fabsf(bf16_to_float(uint16_t(v[k][i] >> 16)))));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, MLA_SHFL_XOR(amax, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+#pragma unroll
+    for (int k = 1; k < THREADS / 32; ++k) amax = fmaxf(amax, red[k]);
+    // 2^(14 - e) for amax in [2^e, 2^(e+1)), at most 2^126 (so that its
+    // inverse is a normal float); 1 for zero or inf.
+    const int e = int((float_to_bits(amax) >> 23) & 0xffu) - 127;
+    const int shift = amax > 0.0f && amax <= 3.4e38f ? min(14 - e, 126) : 0;
+    const float scale = bits_to_float(uint32_t(127 + shift) << 23);
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+        const int u = threadIdx.x + k * kThreadsQ, r = u / kSteps, s = u - r * kSteps;
+        if (u >= ROWS * kSteps) continue;
+        uint32_t h[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            h[i] = pack_f16x2_rn(bf16_to_float(uint16_t(v[k][i] & 0xffffu)) * scale,
+                                 bf16_to_float(uint16_t(v[k][i] >> 16)) * scale);
+        // chunk 0: dims {0, 1, 4, 5, 8, 9, 12, 13}, chunk 1: {2, 3, 6, 7, ...}
+        uint8_t *dst = qs + (r / 8) * Wgmma::kCoreBytes + (r % 8) * 16;
+        *reinterpret_cast<uint4 *>(dst + (2 * s) * chunk_bytes) = make_uint4(h[0], h[2], h[4], h[6]);
+        *reinterpret_cast<uint4 *>(dst + (2 * s + 1) * chunk_bytes) = make_uint4(h[1], h[3], h[5], h[7]);
+    }
+    fence_proxy_async();
+    return bits_to_float(uint32_t(127 - shift) << 23);
+}
+
+template <int ROWS, int KV>
+__global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<ROWS, KV>::kMinBlocksPerSm))
+    attention_wgmma_kernel(const AttentionParams p) {
+    using S = WgmmaShape<ROWS, KV>;
+    using Kv = typename S::Kv;
+    constexpr int N = S::N, kSRegs = S::kSRegs, kRows = S::kRowsPerThread, kOBlocks = S::kOBlocks;
+    const float kNegInf = -INFINITY;
+
+    if (int(blockIdx.x) >= p.summary->num_items) return;
+    const WorkItem w = p.items[blockIdx.x];
+
+    MLA_DYNAMIC_SMEM(uint8_t, smem);
+    uint8_t *cursor = smem;
+    uint8_t *qs = cursor; cursor += S::kQBytes;
+    Kv kv;
+    kv.landing = cursor; cursor += Kv::kLandingBytes;
+    kv.scales = nullptr;
+    kv.converted = nullptr;
+    uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
+    float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
+    float *row_lse = reinterpret_cast<float *>(cursor); cursor += S::kStatBytes;
+    kv.scale_shift = cursor;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int h0 = w.head_block * p.heads_per_block;
+    const int heads = min(p.heads_per_block, p.num_heads - h0);
+    const int rows_valid = w.q_len * heads;
+    const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
+
+    if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
+    async_commit();
+    const float q_unscale = load_q_wgmma<ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
+
+    // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
+    // accumulator element e of S^T and O^T belongs to row(2 (e / 4) + (e & 1)).
+    auto row_of = [&](int r) { return 8 * (r >> 1) + 2 * t + (r & 1); };
+    auto reg_row = [](int e) { return 2 * (e >> 2) + (e & 1); };
+    float m_ref[kRows], l_part[kRows];
+    int visible_end[kRows];  // query token i of the sequence's q_len sees keys < kv_len - q_len + i + 1
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const int row = row_of(r);
+        m_ref[r] = kNegInf;
+        l_part[r] = 0.0f;
+        visible_end[r] = row < rows_valid ? min(w.kv_end, w.kv_len - w.q_len + row / heads + 1) : w.kv_begin;
+    }
+    float o_acc[kOBlocks][kSRegs];
+#pragma unroll
+    for (int b = 0; b < kOBlocks; ++b)
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) o_acc[b][e] = 0.0f;
+    const uint64_t q_desc = Wgmma::desc(qs, S::kChunkBytes, Wgmma::kCoreBytes);
+
+    for (int j = 0; j < num_tiles; ++j) {
+        const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
+        async_wait<0>();  // tile j has landed
+        __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
+        if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
+        async_commit();
+
+        float s_acc[kSRegs];
+        kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage);
+
+        // Scores in log2 units, masked; rescale when one passes its row's reference.
+        bool over = false;
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) {
+            const int r = reg_row(e), tok = t0 + 16 * warp + g + 8 * ((e >> 1) & 1);
+            float v = s_acc[e] * q_unscale * p.qk_scale;  // exact power of two first: no underflow
+            if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
+            v = tok < visible_end[r] ? v * kLog2e : kNegInf;
+            s_acc[e] = v;
+            over |= v > m_ref[r] + kRescaleLog2;
+        }
+        // P^T (B operand of O^T: tokens along K) of this tile into buffer j & 1;
+        // the buffer's last reader, tile j - 2's P V, finished before tile
+        // j - 1's barriers.
+        uint8_t *pb = ps + (j & 1) * S::kPBytes;
+        float p_val[kSRegs];
+        auto write_p = [&]() {
+#pragma unroll
+            for (int e = 0; e < kSRegs; ++e) {
+                const int r = reg_row(e), row = row_of(r), tl = 16 * warp + g + 8 * ((e >> 1) & 1);
+                const float ref = (m_ref[r] == kNegInf ? 0.0f : m_ref[r]) - kPOffsetLog2;
+                p_val[e] = fast_exp2(s_acc[e] - ref);
+                *reinterpret_cast<uint16_t *>(pb + (tl / 8) * S::kChunkBytes + (row / 8) * Wgmma::kCoreBytes +
+                                              (row % 8) * 16 + (tl % 8) * 2) = uint16_t(pack_f16x2_rn(p_val[e], 0.0f));
+            }
+            fence_proxy_async();
+        };
+        write_p();
+        if (__syncthreads_or(over)) {
+            // Some row's reference moves: this tile's row maxima, by shuffles
+            // over the lanes of a row, then over the warps through shared memory.
+            float mt[kRows];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) mt[r] = kNegInf;
+#pragma unroll
+            for (int e = 0; e < kSRegs; ++e) mt[reg_row(e)] = fmaxf(mt[reg_row(e)], s_acc[e]);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+                for (int off = 4; off < 32; off <<= 1) mt[r] = fmaxf(mt[r], MLA_SHFL_XOR(mt[r], off));
+                if (g == 0) red[warp * ROWS + row_of(r)] = mt[r];
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                float m_new = m_ref[r];
+#pragma unroll
+                for (int k = 0; k < S::kWarps; ++k) m_new = fmaxf(m_new, red[k * ROWS + row_of(r)]);
+                const float alpha = m_ref[r] == kNegInf ? 1.0f : fast_exp2(m_ref[r] - m_new);
+                m_ref[r] = m_new;
+                l_part[r] *= alpha;
+#pragma unroll
+                for (int e = 0; e < kSRegs; ++e)
+                    if (reg_row(e) == r)
+#pragma unroll
+                        for (int b = 0; b < kOBlocks; ++b) o_acc[b][e] *= alpha;
+            }
+            write_p();
+            __syncthreads();
+        }
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) l_part[reg_row(e)] += p_val[e];
+
+        kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(pb, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
+    }
+    async_wait<0>();
+
+    // Row sums over the lanes of a row, then over the warps (in warp order:
+    // deterministic).
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) l_part[r] += MLA_SHFL_XOR(l_part[r], off);
+    }
+    __syncthreads();  // every warp is done with the stages (O is staged there) and with red
+    if (g == 0)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) red[warp * ROWS + row_of(r)] = l_part[r];
+    __syncthreads();
+    float *os = reinterpret_cast<float *>(kv.landing);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        float l = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S::kWarps; ++k) l += red[k * ROWS + row_of(r)];
+        const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+        if (tid < 4) row_lse[row_of(r)] = l > 0.0f ? (m_ref[r] - kPOffsetLog2 + log2f(l)) * kLn2 : kNegInf;
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e)
+            if (reg_row(e) == r)
+#pragma unroll
+                for (int b = 0; b < kOBlocks; ++b)
+                    os[row_of(r) * S::kOLd + Kv::wgmma_pv_dim(b, warp, lane, e)] = o_acc[b][e] * inv;
+    }
+    __syncthreads();
+
+    // Epilogue: bf16 out + lse, or the float partial + lse, 16 bytes a thread.
+    float *slot = w.partial_slot >= 0 ? p.partials + int64_t(w.partial_slot) * p.slot_floats : nullptr;
+    constexpr int kQuads = MLA_HEAD_DIM_V / 4;
+    for (int u = tid; u < rows_valid * kQuads; u += S::kThreads) {
+        const int r = u / kQuads, c = (u - r * kQuads) * 4;
+        const float4 v = *reinterpret_cast<const float4 *>(os + r * S::kOLd + c);
+        if (slot) {
+            *reinterpret_cast<float4 *>(slot + r * MLA_HEAD_DIM_V + c) = v;
+        } else {
+            const int tok = w.q_begin + r / heads, h = h0 + r % heads;
+            uint16_t *o = p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + c;
+            *reinterpret_cast<uint2 *>(o) = make_uint2(pack_bf16x2_rn(v.x, v.y), pack_bf16x2_rn(v.z, v.w));
+        }
+    }
+    if (tid < rows_valid) {
+        const float lse = row_lse[tid];
+        if (slot) {
+            slot[ROWS * MLA_HEAD_DIM_V + tid] = lse;
+        } else if (p.lse) {
+            const int tok = w.q_begin + tid / heads, h = h0 + tid % heads;
+            p.lse[int64_t(tok) * p.num_heads + h] = lse;
+        }
+    }
+}
+
+}  // namespace gpu
+}  // namespace mla
