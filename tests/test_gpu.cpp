@@ -543,6 +543,34 @@ void test_decoding_exact() {
     }
 }
 
+// Scores spread over ~±100 (log2 units) by a large sm_scale: the running
+// maximum of a row moves by more than 2^8 several times along a sequence,
+// so every kernel's rescale of its accumulators runs mid-sequence (the
+// warpgroup kernel moves its reference only on such jumps), with and
+// without splits.
+void test_rising_scores() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x726973ull);
+    const mla_dtype kinds[] = {MLA_DTYPE_BF16, MLA_DTYPE_FP8_E4M3, MLA_DTYPE_MXFP4};
+    for (mla_dtype kd : kinds)
+        for (int q_len : {1, 2})  // 16 rows (the warpgroup kernel for fp8) and 32
+            for (int splits : {1, 0}) {
+            Shape s;
+            s.kv = kd;
+            s.page = 16;
+            s.max_q_len = q_len;
+            s.sm_scale = 0.35f;
+            s.splits = splits;
+            Host h;
+            const int len = kEmulated ? 1500 : 6000;
+            make_host(h, s, {1, q_len}, {len, len / 2 + 7}, true, 1, &rng);
+            Dev d(h);
+            Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+            compare(strf("rising scores kv %s q_len %d splits %d", tu_dtype_name(kd), q_len, splits).c_str(), h, s,
+                    run_gpu(gpu.p, h, d, s.heads, false, false, true, nullptr), run_cpu(cpu.p, h, s.heads, false));
+            }
+}
+
 void test_random_configs(int count) {
     tu_rng rng;
     tu_rng_init(&rng, tu_seed() ^ 0x6770755f72616e64ull);
@@ -955,6 +983,7 @@ int main() {
         {"invalid_device", test_invalid_device},
         {"auto_backend", test_auto_backend},
         {"decoding_exact", test_decoding_exact},
+        {"rising_scores", test_rising_scores},
         {"random_configs", [count] { test_random_configs(count); }},
         {"device_metadata", test_device_metadata},
         {"graph_capture", test_graph_capture},
