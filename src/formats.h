@@ -103,6 +103,14 @@ MLA_HD float e8m0_to_float(uint8_t e) {
     return bits_to_float(uint32_t(e) << 23);
 }
 
+// The NaN rule (docs/reliability.md): a non-finite element of a visible key
+// or of q makes that row NaN. A dot product over such an element is NaN or
+// +-inf; an inf score must not pass as a large or vanishing weight (a -inf
+// one would give the key weight 0 and leave most of the row finite), so
+// scores go through this before the logit cap and the mask: 0 * inf is NaN,
+// 0 * finite is 0. One multiply-add, no branch.
+MLA_HD float score_nonfinite_to_nan(float s) { return s + 0.0f * s; }
+
 // Bytes of one stored KV row (the separate MXFP4 scales not counted).
 MLA_HD int kv_row_bytes(mla_dtype kv) {
     switch (kv) {

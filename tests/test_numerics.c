@@ -550,7 +550,7 @@ static void check_nan_confined(const char *what, const shape *s, const data *d, 
                 fail_msg("%s: sequence %d (no NaN key) out of tolerance", what, seq);
         }
     }
-    printf("[ info     ] %s: %zu rows NaN (they see the NaN scale), %zu rows clean\n", what, nan_rows, clean_rows);
+    printf("[ info     ] %s: %zu rows NaN (they see the non-finite key), %zu rows clean\n", what, nan_rows, clean_rows);
     assert_true(nan_rows > 0 && clean_rows > 0);
     ref_free(&r);
 }
@@ -605,22 +605,36 @@ static void test_mxfp4_e8m0_254_overflow(void **state) {
     /* Documented limit: E8M0 254 with |E2M1| >= 2 is 2^128 or more, which is
      * +-inf in float32 (the reference, in float64, is finite). A non-finite
      * key element makes the row's scores non-finite, so the rows that see it
-     * are NaN, exactly like a NaN scale; nothing else is affected. */
+     * are NaN, exactly like a NaN scale; nothing else is affected. The score
+     * is +inf or -inf by the signs of q on the two infinite elements: head 0
+     * of the one query token that sees the key gets -inf (a score that, left
+     * alone, weighs the key 0 and leaves the row mostly finite), head 1 +inf;
+     * with and without a logit cap (which would turn either into +-cap). */
     const int q_lens[3] = {1, 2, 1}, kv_lens[3] = {20, 40, 9};
     int first_bad[3] = {-1, 39, -1};
     mx_case c;
     uint16_t *out;
     float *lse;
+    uint8_t *qr;
+    int h, cap;
     (void)state;
     mx_make(&c, 3, q_lens, kv_lens, 0x2128);
-    kv_row(&c.kv, &c.b, 1, 39)[0] = 0x47; /* elements 0 and 1: 6 and 4 */
+    kv_row(&c.kv, &c.b, 1, 39)[0] = 0x47;                /* elements 0 and 1: 6 and 2 */
+    memset(kv_row(&c.kv, &c.b, 1, 39) + 1, 0, 15);          /* elements 2..31 of the block: 0 */
     kv_scales(&c.kv, &c.b, 1, 39)[0] = 254;
+    for (h = 0; h < 2; ++h) {
+        qr = q_row(&c.q, &c.b, &c.s, 1, 1, h);
+        set_bf16(qr, 0, h == 0 ? -0.25f : 0.25f);
+        set_bf16(qr, 1, h == 0 ? -0.5f : 0.5f);
+    }
     out = (uint16_t *)malloc((size_t)c.b.total_q * 2 * DV * 2);
     lse = (float *)malloc((size_t)c.b.total_q * 2 * 4);
     assert_true(out && lse);
-    {
+    for (cap = 0; cap < 2; ++cap) {
         data dd = data_of(&c.b, &c.kv, &c.q, 0.0f);
-        check_nan_confined("E8M0 254 x 6 = inf in float32", &c.s, &dd, first_bad, out, lse);
+        c.s.logit_cap = cap ? 30.0f : 0.0f;
+        check_nan_confined(cap ? "E8M0 254 x 6 = inf in float32, logit cap 30" : "E8M0 254 x 6 = inf in float32",
+                           &c.s, &dd, first_bad, out, lse);
     }
     free(out);
     free(lse);

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
                 float v = 0.0f;
 #pragma unroll
                 for (int k = 0; k < S::kKSplit; ++k) v += ss[(k * ROWS + r) * S::kSLd + c0 + c];
-                v *= p.qk_scale;
+                v = score_nonfinite_to_nan(v * p.qk_scale);
                 if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
                 sv[c] = t0 + c0 + c < visible_end ? v * kLog2e : kNegInf;
                 mt = fmaxf(mt, sv[c]);

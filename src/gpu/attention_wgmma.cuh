@@ -210,7 +210,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) {
             const int r = reg_row(e), tok = t0 + 16 * warp + g + 8 * ((e >> 1) & 1);
-            float v = s_acc[e] * q_unscale * p.qk_scale;  // exact power of two first: no underflow
+            float v = score_nonfinite_to_nan(s_acc[e] * q_unscale * p.qk_scale);  // exact power of two first: no underflow
             if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
             v = tok < visible_end[r] ? v * kLog2e : kNegInf;
             s_acc[e] = v;
