@@ -88,6 +88,8 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
     constexpr int E = Tile::kElems;
     const float kNegInf = -INFINITY;
 
+    wait_for_previous_grid();  // metadata, Q, KV, and the previous step's readers of out / partials
+    allow_next_grid();
     if (int(blockIdx.x) >= p.summary->num_items) return;
     const WorkItem w = p.items[blockIdx.x];
 
@@ -305,11 +307,9 @@ int attention_blocks_per_sm() {
 }
 
 template <int ROWS, int KV>
-hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream) {
+hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream, bool overlap) {
     using K = AttentionKernel<ROWS, KV>;
-    const auto kernel = K::function();
-    MLA_LAUNCH(kernel, grid, K::kThreads, K::kSmemBytes, stream)(p);
-    return hipGetLastError();
+    return launch_kernel(K::function(), Launch{grid, K::kThreads, size_t(K::kSmemBytes), stream, overlap}, p);
 }
 
 }  // namespace gpu
@@ -317,7 +317,7 @@ hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stre
 
 // One specialisation per translation unit (see attention_instance.cu.in).
 #define MLA_INSTANTIATE_ATTENTION(ROWS, KV)                                                      \
-    template hipError_t mla::gpu::launch_attention<ROWS, KV>(const mla::gpu::AttentionParams &, int, hipStream_t); \
+    template hipError_t mla::gpu::launch_attention<ROWS, KV>(const mla::gpu::AttentionParams &, int, hipStream_t, bool); \
     template hipError_t mla::gpu::prepare_attention<ROWS, KV>(int);                             \
     template int mla::gpu::attention_smem_bytes<ROWS, KV>();                          \
     template int mla::gpu::attention_blocks_per_sm<ROWS, KV>();

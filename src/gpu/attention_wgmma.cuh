@@ -150,6 +150,8 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     constexpr int N = S::N, kSRegs = S::kSRegs, kRows = S::kRowsPerThread, kOBlocks = S::kOBlocks;
     const float kNegInf = -INFINITY;
 
+    wait_for_previous_grid();  // metadata, Q, KV, and the previous step's readers of out / partials
+    allow_next_grid();
     if (int(blockIdx.x) >= p.summary->num_items) return;
     const WorkItem w = p.items[blockIdx.x];
 

@@ -14,7 +14,7 @@ namespace mla {
 namespace gpu {
 namespace {
 
-using LaunchFn = hipError_t (*)(const AttentionParams &, int, hipStream_t);
+using LaunchFn = hipError_t (*)(const AttentionParams &, int, hipStream_t, bool);
 using PrepareFn = hipError_t (*)(int);
 using SmemFn = int (*)();
 using OccupancyFn = int (*)();
@@ -114,6 +114,7 @@ public:
             max_rows = geometry_.rows_per_item / 2;
         }
         MLA_GPU_TRY(variant_.prepare(smem_optin));
+        overlap_launches_ = launches_can_overlap(cfg_.device);
         geometry_ = make_geometry(cfg_, sms * variant_.blocks_per_sm(), kMinSplitBlocks, max_rows);
         layout_ = MetadataLayout(geometry_);
         MLA_GPU_TRY(hipMalloc(&metadata_, layout_.bytes));
@@ -222,7 +223,7 @@ public:
         p.logit_cap = cfg_.logit_cap;
         // The grid is the plan's bound, not this step's item count, so a
         // captured graph stays valid when a later step has more items.
-        MLA_GPU_TRY(variant_.launch(p, g.max_items, s));
+        MLA_GPU_TRY(variant_.launch(p, g.max_items, s, overlap_launches_));
 
         if (g.mode != SPLIT_FORCED || g.forced_splits > 1) {
             CombineParams c{};
@@ -236,7 +237,8 @@ public:
             c.head_blocks = g.head_blocks;
             c.rows_per_item = g.rows_per_item;
             c.slot_floats = p.slot_floats;
-            MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), s));
+            MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), s,
+                                       overlap_launches_));
         }
         return MLA_SUCCESS;
     }
@@ -257,6 +259,7 @@ private:
     void *workspace_ = nullptr;
     void *validation_ = nullptr;
     hipEvent_t upload_done_ = nullptr;
+    bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
 };
 
 }  // namespace

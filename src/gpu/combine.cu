@@ -24,6 +24,8 @@ constexpr int kBatch = 8;
 static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+    wait_for_previous_grid();  // the attention kernel's partials
+    allow_next_grid();
     const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
     const int group = blockIdx.x % row_groups, seq_hb = blockIdx.x / row_groups;
     const int seq = seq_hb / p.head_blocks, hb = seq_hb % p.head_blocks;
@@ -85,9 +87,8 @@ int combine_grid(int max_batch, int head_blocks, int rows_per_item) {
     return max_batch * head_blocks * ((rows_per_item + kRowsPerCta - 1) / kRowsPerCta);
 }
 
-hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream) {
-    MLA_LAUNCH(combine_kernel, grid, kThreads, 0, stream)(p);
-    return hipGetLastError();
+hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream, bool overlap) {
+    return launch_kernel(combine_kernel, Launch{grid, kThreads, 0, stream, overlap}, p);
 }
 
 }  // namespace gpu

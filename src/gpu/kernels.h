@@ -62,7 +62,7 @@ struct MetadataParams {
 // Launch the attention kernel specialised for (rows_per_item, kv dtype).
 // Defined once per specialisation in the generated attention_*.cu files.
 template <int ROWS, int KV>
-hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream);
+hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream, bool overlap);
 template <int ROWS, int KV>
 hipError_t prepare_attention(int max_dynamic_smem);  // raise the smem limit once
 template <int ROWS, int KV>
@@ -72,7 +72,7 @@ int attention_blocks_per_sm();  // resident CTAs per SM (after prepare_attention
 
 // Combine grid of a plan: covers max_batch sequences x head blocks x rows.
 int combine_grid(int max_batch, int head_blocks, int rows_per_item);
-hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream);
+hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream, bool overlap);
 hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream);
 // MLA_FLAG_VALIDATE_DEVICE_INPUTS: checks every page index the items touch.
 hipError_t launch_validate_pages(const ScheduleSummary *summary, const WorkItem *items, const int32_t *kv_indices,
