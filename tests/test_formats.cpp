@@ -3,7 +3,8 @@
 //   fp8x4      every OCP E4M3 / FNUZ code at every byte position of a word,
 //              among random neighbours
 //   e2m1x8     every byte (two E2M1 codes) at every position, times every
-//              E8M0 scale 0..255 (subnormal results, overflow to inf, NaN)
+//              E8M0 scale 0..255 (subnormal results, overflow to inf, NaN),
+//              and with a second, random scale on one half of the nibbles
 //   f16        float <-> f16 (every code, every rounding tie) and E4M3 -> f16
 //   byte_perm  the host emulation of the GPU's byte permute
 // Results must equal float_to_bf16(scalar value) bitwise; NaN codes must give
@@ -66,10 +67,17 @@ void test_e2m1x8(void **) {
                 uint32_t w = uint32_t(rng());
                 w = (w & ~(0xffu << (8 * pos))) | (byte << (8 * pos));
                 const mla::Bf16x8 r = mla::e2m1x8_to_bf16x8(w, uint8_t(scale));
+                // two scales: this one on one half of the nibbles, a random one on the other
+                const unsigned other = unsigned(rng()) & 0xffu;
+                const bool low = (byte & 1u) != 0;
+                const mla::Bf16x8 r2 = mla::e2m1x8_to_bf16x8(w, uint8_t(low ? scale : other), uint8_t(low ? other : scale));
                 for (int i = 0; i < 8; ++i) {
                     const unsigned nibble = (w >> (4 * i)) & 0xfu;
                     const float want = mla::e2m1_to_float(nibble) * mla::e8m0_to_float(uint8_t(scale));
                     expect_bf16(half(r.w[i / 2], i % 2), want, "e2m1", nibble, i, scale);
+                    const unsigned s2 = (i < 4) == low ? scale : other;
+                    expect_bf16(half(r2.w[i / 2], i % 2), mla::e2m1_to_float(nibble) * mla::e8m0_to_float(uint8_t(s2)),
+                                "e2m1, two scales", nibble, i, s2);
                 }
             }
 }

@@ -5,6 +5,9 @@
 //   auto_backend          MLA_BACKEND_AUTO resolves to the GPU
 //   decoding_exact        one key per sequence (softmax weight 1): every code of
 //                         every KV format comes out bitwise as on the CPU
+//   rising_scores         running maxima that move mid-sequence (rescales)
+//   mxfp4_scale_layouts   MXFP4 scale rows at every byte misalignment, strides
+//                         18 / 19 / 21 / 24, behind shuffled one-token pages
 //   random_configs        >= 300 fresh random configurations (MLA_GPU_TEST_CONFIGS
 //                         changes the count): every dtype pair, heads
 //                         {16,32,64,128}, q_len {1,2,4}, page {1,16,64}, ragged
@@ -571,6 +574,36 @@ void test_rising_scores() {
             }
 }
 
+// MXFP4 scale rows at every byte misalignment (strides 18, 19, 21 and 24, the
+// array's base shifted by 0..3 bytes) behind shuffled one-token pages, so
+// that the rows of a tile have unrelated alignments: each row's partial
+// first and last scale words are assembled on their own (the warpgroup
+// kernel issues 16 rows a warp, whose 4-bit descriptors once overflowed a
+// 32-bit word). 16 and 32 query rows, split and not.
+void test_mxfp4_scale_layouts() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x6d7866ull);
+    for (int stride : {18, 19, 21, 24})
+        for (int misalign = 0; misalign < 4; ++misalign) {
+            Shape s;
+            s.kv = MLA_DTYPE_MXFP4;
+            s.page = 1;
+            s.max_q_len = misalign % 2 + 1;
+            s.splits = stride == 21 ? 3 : 0;
+            const std::vector<int> q_lens = {s.max_q_len, 1}, kv_lens = {200, 131};
+            Host h;
+            REQUIRE(tu_batch_make(&h.b, 2, q_lens.data(), kv_lens.data(), s.page, 1, 3, &rng) == 0, "tu_batch_make");
+            REQUIRE(tu_kv_make(&h.kv, s.kv, &h.b, stride, &rng) == 0, "tu_kv_make");
+            REQUIRE(tu_q_make(&h.q, s.q, h.b.total_q, s.heads, 1.0, &rng) == 0, "tu_q_make");
+            h.scale_misalign = size_t(misalign);
+            Dev d(h);
+            Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+            compare(strf("mxfp4 scales: stride %d, misaligned by %d, q_len %d, splits %d", stride, misalign,
+                         s.max_q_len, s.splits).c_str(),
+                    h, s, run_gpu(gpu.p, h, d, s.heads, false, false, true, nullptr), run_cpu(cpu.p, h, s.heads, false));
+        }
+}
+
 void test_random_configs(int count) {
     tu_rng rng;
     tu_rng_init(&rng, tu_seed() ^ 0x6770755f72616e64ull);
@@ -984,6 +1017,7 @@ int main() {
         {"auto_backend", test_auto_backend},
         {"decoding_exact", test_decoding_exact},
         {"rising_scores", test_rising_scores},
+        {"mxfp4_scale_layouts", test_mxfp4_scale_layouts},
         {"random_configs", [count] { test_random_configs(count); }},
         {"device_metadata", test_device_metadata},
         {"graph_capture", test_graph_capture},

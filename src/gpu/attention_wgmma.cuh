@@ -1,13 +1,15 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
-// items of 16 query rows with OCP E4M3 KV: the fp8 decode shapes of serving.
+// items of 16 query rows with OCP E4M3 (and, once checked on the H200, MXFP4)
+// KV: the quantised decode shapes of serving.
 // One CTA is one warpgroup and one work item, as in attention.cuh, but the
 // products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
 // the tile's 64 tokens on the M = 64 of the wgmma and the 16 rows on its N,
 // so nothing is padded; Q and P are the B operands in shared memory, K and V
-// are decoded from the raw fp8 stage into A fragments in registers.
+// are decoded from the raw stage into A fragments in registers.
 //
-// The operands are f16, not bf16: E4M3 -> f16 is one cvt per pair (bf16
-// takes four instructions) and exact. Q is staged as f16 times a power of two
+// E4M3's operands are f16, not bf16: E4M3 -> f16 is one cvt per pair (bf16
+// takes four instructions) and exact. MXFP4's are bf16 (the E8M0 scales
+// need its range), with Q and P as bf16. Q is staged as f16 times a power of two
 // that puts the item's largest |q| in [2^14, 2^15) (exact for bf16 and fp8
 // Q; the factor is taken out of the scores again). The softmax runs on the
 // S^T accumulators in registers; its reference maximum moves only when a
@@ -28,8 +30,14 @@ namespace mla {
 namespace gpu {
 
 // Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
+// MXFP4 does under MLA_WGMMA_MXFP4: the CPU-emulated suite always sets it,
+// hardware builds with -Dwgmma_mxfp4=true until the H200 suite has passed on
+// it and it becomes the default (docs/performance.md, v8).
 constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
+#if defined(MLA_WGMMA_MXFP4)
+    if (rows == 16 && kv == MLA_DTYPE_MXFP4) return true;
+#endif
     return rows == 16 && kv == MLA_DTYPE_FP8_E4M3;
 #else
     (void)rows, (void)kv;
@@ -60,7 +68,7 @@ struct WgmmaShape {
     static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
     static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
     static constexpr int kSmemBytes =
-        kQBytes + Kv::kLandingBytes + 2 * kPBytes + kRedBytes + kStatBytes + Kv::kRowMetaBytes;
+        kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + 2 * kPBytes + kRedBytes + kStatBytes + Kv::kRowMetaBytes;
     static constexpr int kMinBlocksPerSm = 2;
     static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16, "wgmma shapes: m64n16k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
@@ -72,71 +80,86 @@ constexpr float kRescaleLog2 = 8.0f;
 // P = 2^(score - reference + kPOffsetLog2) <= 2^15 < 65504 (f16's largest).
 constexpr float kPOffsetLog2 = 7.0f;
 
-// Q rows into the B-operand layout of S^T (K-major core matrices) as f16
-// times a power of two (see the top), each 16-dim step in the reduction
-// order of the E4M3 A fragments (k 2t, 2t + 1, 2t + 8, 2t + 9 = dims
-// 4t..4t+3). Synchronous; `red` holds THREADS / 32 floats. Returns the
+// Q rows into the B-operand layout of S^T (K-major core matrices), each
+// 32-dim block in the reduction order of the K fragments (Kv::wgmma_q_word);
+// for f16 operands as f16 times a power of two (see the top), for bf16 as
+// they are. Synchronous; `red` holds THREADS / 32 floats. Returns the
 // factor's inverse, which the scores are multiplied by.
-template <int ROWS, int THREADS>
+template <class Kv, int ROWS, int THREADS>
 __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint8_t *qs,
                               int chunk_bytes, float *red) {
-    constexpr int kSteps = MLA_HEAD_DIM_QK / 16, kThreadsQ = THREADS;
-    constexpr int kUnits = (ROWS * kSteps + kThreadsQ - 1) / kThreadsQ;  // (row, 16-dim step) units a thread
+    constexpr int kBlocks = MLA_HEAD_DIM_QK / 32;
+    constexpr int kUnits = (ROWS * kBlocks + THREADS - 1) / THREADS;  // (row, 32-dim block) units a thread
     const int rows_valid = w.q_len * heads;
-    uint32_t v[kUnits][8];  // bf16 pairs: word i is dims 16s + 2i, 2i + 1
+    uint32_t v[kUnits][16];  // bf16 pairs: word i is dims 32c + 2i, 2i + 1
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
-        const int u = threadIdx.x + k * kThreadsQ, r = u / kSteps, s = u - r * kSteps;
+        const int u = threadIdx.x + k * THREADS, r = u / kBlocks, c = u - r * kBlocks;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[k][i] = 0u;
-        if (u >= ROWS * kSteps || r >= rows_valid) continue;
+        for (int i = 0; i < 16; ++i) v[k][i] = 0u;
+        if (u >= ROWS * kBlocks || r >= rows_valid) continue;
         const int64_t row = q_row_index(p, w, h0, heads, r);
         if (p.q_dtype == MLA_DTYPE_BF16) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(p.q + row * 1152 + s * 32);
-            const uint4 lo = src[0], hi = src[1];
-            v[k][0] = lo.x, v[k][1] = lo.y, v[k][2] = lo.z, v[k][3] = lo.w;
-            v[k][4] = hi.x, v[k][5] = hi.y, v[k][6] = hi.z, v[k][7] = hi.w;
-        } else {
-            const uint4 c = *reinterpret_cast<const uint4 *>(p.q + row * 576 + s * 16);
-            const uint32_t codes[4] = {c.x, c.y, c.z, c.w};
+            const uint4 *src = reinterpret_cast<const uint4 *>(p.q + row * 1152 + c * 64);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(codes[i])
-                                                                 : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(codes[i]);
-                v[k][2 * i] = b.w[0], v[k][2 * i + 1] = b.w[1];
+                const uint4 x = src[i];
+                v[k][4 * i] = x.x, v[k][4 * i + 1] = x.y, v[k][4 * i + 2] = x.z, v[k][4 * i + 3] = x.w;
+            }
+        } else {
+            const uint4 *src = reinterpret_cast<const uint4 *>(p.q + row * 576 + c * 32);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const uint4 x = src[i];
+                const uint32_t codes[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(codes[j])
+                                                                     : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(codes[j]);
+                    v[k][8 * i + 2 * j] = b.w[0], v[k][8 * i + 2 * j + 1] = b.w[1];
+                }
             }
         }
+        if (Kv::kWgmmaF16)
 #pragma unroll
-        for (int i = 0; i < 8; ++i)  // fmaxf drops NaN: a NaN in Q stays NaN after scaling
-            amax = fmaxf(amax, fmaxf(fabsf(bf16_to_float(uint16_t(v[k][i] & 0xffffu))),
-                                     fabsf(bf16_to_float(uint16_t(v[k][i] >> 16)))));
+            for (int i = 0; i < 16; ++i)  // fmaxf drops NaN: a NaN in Q stays NaN after scaling
+                amax = fmaxf(amax, fmaxf(fabsf(bf16_to_float(uint16_t(v[k][i] & 0xffffu))),
+                                         fabsf(bf16_to_float(uint16_t(v[k][i] >> 16)))));
     }
+    int shift = 0;
+    if (Kv::kWgmmaF16) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, MLA_SHFL_XOR(amax, off));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = red[0];
+        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, MLA_SHFL_XOR(amax, off));
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+        __syncthreads();
+        amax = red[0];
 #pragma unroll
-    for (int k = 1; k < THREADS / 32; ++k) amax = fmaxf(amax, red[k]);
-    // 2^(14 - e) for amax in [2^e, 2^(e+1)), at most 2^126 (so that its
-    // inverse is a normal float); 1 for zero or inf.
-    const int e = int((float_to_bits(amax) >> 23) & 0xffu) - 127;
-    const int shift = amax > 0.0f && amax <= 3.4e38f ? min(14 - e, 126) : 0;
+        for (int k = 1; k < THREADS / 32; ++k) amax = fmaxf(amax, red[k]);
+        // 2^(14 - e) for amax in [2^e, 2^(e+1)), at most 2^126 (so that its
+        // inverse is a normal float); 1 for zero or inf.
+        const int e = int((float_to_bits(amax) >> 23) & 0xffu) - 127;
+        shift = amax > 0.0f && amax <= 3.4e38f ? min(14 - e, 126) : 0;
+    }
     const float scale = bits_to_float(uint32_t(127 + shift) << 23);
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
-        const int u = threadIdx.x + k * kThreadsQ, r = u / kSteps, s = u - r * kSteps;
-        if (u >= ROWS * kSteps) continue;
-        uint32_t h[8];
+        const int u = threadIdx.x + k * THREADS, r = u / kBlocks, c = u - r * kBlocks;
+        if (u >= ROWS * kBlocks) continue;
+        uint32_t h[16];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            h[i] = pack_f16x2_rn(bf16_to_float(uint16_t(v[k][i] & 0xffffu)) * scale,
-                                 bf16_to_float(uint16_t(v[k][i] >> 16)) * scale);
-        // chunk 0: dims {0, 1, 4, 5, 8, 9, 12, 13}, chunk 1: {2, 3, 6, 7, ...}
+        for (int i = 0; i < 16; ++i)
+            h[i] = Kv::kWgmmaF16 ? pack_f16x2_rn(bf16_to_float(uint16_t(v[k][i] & 0xffffu)) * scale,
+                                                 bf16_to_float(uint16_t(v[k][i] >> 16)) * scale)
+                                 : v[k][i];
         uint8_t *dst = qs + (r / 8) * Wgmma::kCoreBytes + (r % 8) * 16;
-        *reinterpret_cast<uint4 *>(dst + (2 * s) * chunk_bytes) = make_uint4(h[0], h[2], h[4], h[6]);
-        *reinterpret_cast<uint4 *>(dst + (2 * s + 1) * chunk_bytes) = make_uint4(h[1], h[3], h[5], h[7]);
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int chunk = 0; chunk < 2; ++chunk)
+                *reinterpret_cast<uint4 *>(dst + (2 * (2 * c + st) + chunk) * chunk_bytes) =
+                    make_uint4(h[Kv::wgmma_q_word(st, chunk, 0)], h[Kv::wgmma_q_word(st, chunk, 1)],
+                               h[Kv::wgmma_q_word(st, chunk, 2)], h[Kv::wgmma_q_word(st, chunk, 3)]);
     }
     fence_proxy_async();
     return bits_to_float(uint32_t(127 - shift) << 23);
@@ -160,7 +183,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     uint8_t *qs = cursor; cursor += S::kQBytes;
     Kv kv;
     kv.landing = cursor; cursor += Kv::kLandingBytes;
-    kv.scales = nullptr;
+    kv.scales = cursor; cursor += Kv::kScaleBytes;
     kv.converted = nullptr;
     uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
     float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
@@ -173,9 +196,12 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int rows_valid = w.q_len * heads;
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
 
-    if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
+    if (num_tiles > 0) {
+        kv.issue(p, w, w.kv_begin, 0);
+        kv.finish_issue(0);
+    }
     async_commit();
-    const float q_unscale = load_q_wgmma<ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
+    const float q_unscale = load_q_wgmma<Kv, ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
 
     // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
     // accumulator element e of S^T and O^T belongs to row(2 (e / 4) + (e & 1)).
@@ -230,7 +256,8 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
                 const float ref = (m_ref[r] == kNegInf ? 0.0f : m_ref[r]) - kPOffsetLog2;
                 p_val[e] = fast_exp2(s_acc[e] - ref);
                 *reinterpret_cast<uint16_t *>(pb + (tl / 8) * S::kChunkBytes + (row / 8) * Wgmma::kCoreBytes +
-                                              (row % 8) * 16 + (tl % 8) * 2) = uint16_t(pack_f16x2_rn(p_val[e], 0.0f));
+                                              (row % 8) * 16 + (tl % 8) * 2) =
+                    uint16_t(Kv::kWgmmaF16 ? pack_f16x2_rn(p_val[e], 0.0f) : pack_bf16x2_rn(p_val[e], 0.0f));
             }
             fence_proxy_async();
         };
@@ -271,6 +298,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         for (int e = 0; e < kSRegs; ++e) l_part[reg_row(e)] += p_val[e];
 
         kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(pb, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
+        if (j + 1 < num_tiles) kv.finish_issue((j + 1) % S::kStages);  // MXFP4's partial scale words, before the barrier
     }
     async_wait<0>();
 

@@ -16,6 +16,8 @@
 // V), which made MXFP4 1.5x slower on the H200 (docs/performance.md, v6).
 #pragma once
 
+#include <type_traits>
+
 #include "../formats_packed.h"
 #include "kernels.h"
 #include "tile.cuh"
@@ -52,8 +54,8 @@ struct KvTile {
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
     static constexpr bool kFragmentDecode = decodes_into_fragments(KV);
     static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
-    // The kernel stores MXFP4's deferred scale words (finish_issue) only on
-    // the shared-memory decode path.
+    // attention.cuh stores MXFP4's deferred scale words (finish_issue) only on
+    // its shared-memory decode path (the warpgroup kernel after every issue).
     static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared, "MXFP4 needs finish_issue after each issue");
     static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
     // bf16 row stride of the Q tile: with fragment decoding a lane reads
@@ -87,7 +89,10 @@ struct KvTile {
     // warp, and nothing outside the row's scales is read.
     uint32_t part8[kRowsPerWarp];   // the byte
     uint32_t part16[kRowsPerWarp];  // the half word
-    uint32_t part_desc;             // 4 bits per row: pending, half word at byte 2, byte position (2 bits)
+    // 4 bits per row: pending, half word at byte 2, byte position (2 bits);
+    // 64 bits where a warp issues more than 8 rows (the warpgroup kernel's 16).
+    using PartDesc = typename std::conditional<(kRowsPerWarp > 8), uint64_t, uint32_t>::type;
+    PartDesc part_desc;
 
     // Issue the copies of tokens [t0, t0 + N) of a work item into stage `stage`.
     // Tokens at or past the item's end are zero-filled. Each warp copies whole
@@ -119,11 +124,13 @@ struct KvTile {
 
     // Store the partial scale words of the last issue into `stage`.
     __device__ void finish_issue(int stage) {
+        static_assert(KV != MLA_DTYPE_MXFP4 || kRowsPerWarp * 4 <= int(sizeof(PartDesc)) * 8,
+                      "a 4-bit descriptor per issued row");
         if (KV != MLA_DTYPE_MXFP4) return;
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
-            const uint32_t d = part_desc >> (4 * i);
+            const uint32_t d = uint32_t(part_desc >> (4 * i));
             if (d & 1u)
                 *reinterpret_cast<uint32_t *>(scales + (stage * N + warp + i * kWarps) * kScaleLd + lane * 4) =
                     (part16[i] << (d & 2u ? 16 : 0)) | (part8[i] << (8 * ((d >> 2) & 3u)));
@@ -162,7 +169,7 @@ struct KvTile {
         }
         part16[i] = has16 ? uint32_t(*reinterpret_cast<const uint16_t *>(lo + at16)) : 0u;
         part8[i] = has8 ? uint32_t(lo[at8]) : 0u;
-        part_desc |= (1u | (at16 == 2 ? 2u : 0u) | (uint32_t(at8 & 3) << 2)) << (4 * i);
+        part_desc |= PartDesc(1u | (at16 == 2 ? 2u : 0u) | (uint32_t(at8 & 3) << 2)) << (4 * i);
     }
 
     // KV decoded in shared memory (MXFP4; every quantised format of the
@@ -246,11 +253,25 @@ struct KvTile {
     // ---- The products on the warpgroup MMA (attention_wgmma.cuh) ----------
     // Transposed: S^T = K Q^T and O^T += V^T P^T, so the tile's 64 tokens and
     // V's dims are the M = 64 of each wgmma and the item's ROWS query rows
-    // its N. Warp w supplies A rows 16w..16w+15, E4M3 codes decoded into f16
-    // fragments (one cvt per pair; Q and P are f16 too) by the ldmatrix
-    // tricks of the MMA path: in S^T the reduction order of each 16-dim step
-    // is permuted (Q is staged to match), in O^T the rows of warp w's 16
-    // dims come out as even then odd dims (wgmma_pv_dim).
+    // its N. Warp w supplies A rows 16w..16w+15, decoded from the raw stage
+    // into fragments by ldmatrix tricks: in S^T the reduction order inside
+    // each 32-dim block is permuted (Q is staged to match, wgmma_q_word), in
+    // O^T the dims of the rows are permuted (wgmma_pv_dim). E4M3 codes become
+    // f16 (one cvt a pair; Q and P are f16 too); MXFP4 codes become bf16
+    // (its E8M0 scales span bf16's range, not f16's), scaled per token and
+    // block.
+
+    // Operand type of the warpgroup products: f16 (else bf16).
+    static constexpr bool kWgmmaF16 = KV == MLA_DTYPE_FP8_E4M3;
+
+    // The bf16 pair (word) of a 32-dim block of Q, 0..15, that goes to word i
+    // (0..3) of k chunk `chunk` (k 0..7 | 8..15) of the block's 16-dim step s,
+    // in the reduction order of the K fragments of wgmma_qk.
+    __device__ static int wgmma_q_word(int s, int chunk, int i) {
+        // E4M3: a lane's 4 dims 4t..4t+3 of a step are k 2t, 2t + 1, 2t + 8, 2t + 9;
+        // MXFP4: its 8 dims 8t..8t+7 of a block are those k of steps 0 and 1.
+        return KV == MLA_DTYPE_MXFP4 ? 2 * s + 4 * i + chunk : 8 * s + 2 * i + chunk;
+    }
 
     // s[64 x ROWS] = K Q^T on stage `stage`: warp w has rows = tokens
     // 16w..16w+15; q_desc points at dims 0..15 of Q, each 16-dim step
@@ -258,34 +279,23 @@ struct KvTile {
     template <int ROWS>
     __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
-        static_assert(KV == MLA_DTYPE_FP8_E4M3 && N == 64, "the warpgroup path decodes E4M3 fragments of 64 tokens");
-        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-        // ldmatrix.x4 rows: tokens 16w + (0..7 | 8..15) at bytes +0 | +16 of a
-        // 32-dim pair of steps: matrices 0, 1 are step 2q's A rows g, g + 8 and
-        // matrices 2, 3 step 2q + 1's; a lane gets dims 4t..4t+3 of its token.
-        const uint8_t *src = landing + (size_t(stage) * N + 16 * warp + (lane & 15)) * kRawLd + (lane >> 4) * 16;
-        // Commit groups of four steps, two in flight (finer groups measured
-        // slower on the H200: more fences and waits per tile).
-        constexpr int kPairsPerGroup = 2, kGroups = MLA_HEAD_DIM_QK / 32 / kPairsPerGroup;
-        uint32_t a[2][2 * kPairsPerGroup][4];  // two groups' A fragments in flight
+        static_assert((KV == MLA_DTYPE_FP8_E4M3 || KV == MLA_DTYPE_MXFP4) && N == 64,
+                      "the warpgroup path decodes E4M3 or MXFP4 fragments of 64 tokens");
+        const QkSource src = qk_source(stage);
+        // Commit groups of four 16-dim steps, two in flight (finer groups
+        // measured slower on the H200: more fences and waits per tile).
+        constexpr int kGroups = MLA_HEAD_DIM_QK / 64;
+        uint32_t a[2][4][4];  // two groups' A fragments in flight
 #pragma unroll
         for (int gr = 0; gr < kGroups; ++gr) {
-            uint32_t(&f)[2 * kPairsPerGroup][4] = a[gr & 1];
+            uint32_t(&f)[4][4] = a[gr & 1];
             if (gr >= 2) Wgmma::wait<1>();  // group gr - 2, which read f, is done
-#pragma unroll
-            for (int q = 0; q < kPairsPerGroup; ++q) {
-                uint32_t r[4];
-                Tile::ldsm_x4(r, src + (gr * kPairsPerGroup + q) * 32);
-                const F16x4 v0 = e4m3x4_to_f16x4(r[0]), v1 = e4m3x4_to_f16x4(r[1]);
-                const F16x4 v2 = e4m3x4_to_f16x4(r[2]), v3 = e4m3x4_to_f16x4(r[3]);
-                f[2 * q][0] = v0.w[0], f[2 * q][1] = v1.w[0], f[2 * q][2] = v0.w[1], f[2 * q][3] = v1.w[1];
-                f[2 * q + 1][0] = v2.w[0], f[2 * q + 1][1] = v3.w[0], f[2 * q + 1][2] = v2.w[1], f[2 * q + 1][3] = v3.w[1];
-            }
+            qk_group_fragments(f, src, gr);
             Wgmma::fence();
 #pragma unroll
-            for (int i = 0; i < 2 * kPairsPerGroup; ++i) {
-                const int step = gr * 2 * kPairsPerGroup + i;
-                Wgmma::mma<ROWS, true>(s, f[i], Wgmma::advance(q_desc, step * q_step), step > 0);
+            for (int i = 0; i < 4; ++i) {
+                const int step = 4 * gr + i;
+                Wgmma::mma<ROWS, kWgmmaF16>(s, f[i], Wgmma::advance(q_desc, step * q_step), step > 0);
             }
             Wgmma::commit();
         }
@@ -294,61 +304,181 @@ struct KvTile {
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int i = 0; i < 2 * kPairsPerGroup; ++i) Wgmma::hold(a[b][i]);
+            for (int i = 0; i < 4; ++i) Wgmma::hold(a[b][i]);
 #endif
     }
 
-    // o[b][64 x ROWS] += V^T P^T for dims 64b..64b+63 on stage `stage`;
-    // p_desc points at tokens 0..15 of P (f16), each 16-token step `p_step`
-    // bytes further. Returns with the products complete.
+    // o[b][64 x ROWS] += V^T P^T for dims wgmma_pv_dim(b, ..) on stage
+    // `stage`; p_desc points at tokens 0..15 of P, each 16-token step
+    // `p_step` bytes further. Returns with the products complete.
     template <int ROWS>
     __device__ void wgmma_pv(float (&o)[MLA_HEAD_DIM_V / 64][ROWS / 2], uint64_t p_desc, int p_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
-        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-        // ldmatrix.x4.trans rows: tokens 32h + lane, 16 bytes at dim 64b + 16w:
-        // matrix m is tokens 8m..8m+7; a lane gets dims 2g, 2g + 1 of tokens
-        // 8m + 2t, 2t + 1, regrouped by dim: A rows g (dim 2g) and g + 8
-        // (dim 2g + 1) of k step m / 2, k 2t, 2t + 1 (m even) or 2t + 8.. (odd).
-        const uint8_t *src = landing + (size_t(stage) * N + lane) * kRawLd + 16 * warp;
-        constexpr int kBlocks = MLA_HEAD_DIM_V / 64;
-        uint32_t a[2][4][4];  // a commit group per block, two in flight: [block & 1][k step][reg]
+        const PvSource src = pv_source(stage);
+        // A commit group per kPvBlocks M blocks (dims), two groups in flight.
+        constexpr int kGroups = MLA_HEAD_DIM_V / 64 / kPvBlocks;
+        uint32_t a[2][kPvBlocks][4][4];  // [group & 1][M block of the group][k step][reg]
 #pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-            uint32_t(&f)[4][4] = a[b & 1];
-            if (b >= 2) Wgmma::wait<1>();
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                uint32_t r[4];
-                Tile::ldsm_x4_trans(r, src + h * 32 * kRawLd + 64 * b);
-#pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    const F16x4 v = e4m3x4_to_f16x4(byte_perm(r[m], 0, 0x3120u));
-                    f[2 * h + m / 2][2 * (m & 1)] = v.w[0];
-                    f[2 * h + m / 2][2 * (m & 1) + 1] = v.w[1];
-                }
-            }
+        for (int gr = 0; gr < kGroups; ++gr) {
+            uint32_t(&f)[kPvBlocks][4][4] = a[gr & 1];
+            if (gr >= 2) Wgmma::wait<1>();
+            pv_group_fragments(f, src, gr);
             Wgmma::fence();
 #pragma unroll
-            for (int k = 0; k < 4; ++k) Wgmma::mma<ROWS, true>(o[b], f[k], Wgmma::advance(p_desc, k * p_step), true);
+            for (int u = 0; u < kPvBlocks; ++u)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    Wgmma::mma<ROWS, kWgmmaF16>(o[kPvBlocks * gr + u], f[u][k], Wgmma::advance(p_desc, k * p_step), true);
             Wgmma::commit();
         }
         Wgmma::wait<0>();
 #pragma unroll
-        for (int b = 0; b < kBlocks; ++b) Wgmma::hold(o[b]);
+        for (int b = 0; b < MLA_HEAD_DIM_V / 64; ++b) Wgmma::hold(o[b]);
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int k = 0; k < 4; ++k) Wgmma::hold(a[b][k]);
+            for (int u = 0; u < kPvBlocks; ++u)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) Wgmma::hold(a[b][u][k]);
 #endif
     }
 
     // The dim of accumulator element e of o[b] in wgmma_pv (its column is
     // query row 8 (e / 4) + 2t + (e & 1)).
     __device__ static int wgmma_pv_dim(int b, int warp, int lane, int e) {
+        if (KV == MLA_DTYPE_MXFP4)  // block 4 (b / 2) + warp, dims 4g + 2 (b & 1) (row g) and + 1 (row g + 8)
+            return 32 * (4 * (b >> 1) + warp) + 4 * (lane >> 2) + 2 * (b & 1) + ((e >> 1) & 1);
         return 64 * b + 16 * warp + 2 * (lane >> 2) + ((e >> 1) & 1);
     }
 
   private:
+#if defined(MLA_TILE_WGMMA)
+    // What a lane reads for the A fragments of S^T on one stage: its
+    // ldmatrix row address, and for MXFP4 the scale rows of its tokens g, g + 8.
+    struct QkSource {
+        const uint8_t *row;
+        const uint8_t *scale_g, *scale_g8;
+    };
+    __device__ QkSource qk_source(int stage) const {
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2;
+        // ldmatrix.x4 rows: tokens 16w + (0..7 | 8..15) at bytes +0 | +16 of 32 bytes.
+        const int slot = stage * N + 16 * warp;
+        QkSource q{landing + size_t(slot + (lane & 15)) * kRawLd + (lane >> 4) * 16, nullptr, nullptr};
+        if (KV == MLA_DTYPE_MXFP4) q.scale_g = scale_row(slot + g), q.scale_g8 = scale_row(slot + g + 8);
+        return q;
+    }
+
+    // The A fragments of commit group gr of S^T: 16-dim steps 4gr..4gr+3.
+    __device__ void qk_group_fragments(uint32_t (&f)[4][4], const QkSource &src, int gr) const {
+        if constexpr (KV == MLA_DTYPE_MXFP4) {
+            // 32 bytes = blocks 2gr, 2gr + 1 (one E8M0 scale each): matrices 0, 1
+            // are block 2gr's A rows g, g + 8, 2, 3 block 2gr + 1's; a lane gets
+            // dims 8t..8t+7 of its token in a block, and step s of the block is
+            // dims 8t + 4s .. 8t + 4s + 3 (k 2t, 2t + 1, 2t + 8, 2t + 9).
+            uint32_t r[4];
+            Tile::ldsm_x4(r, src.row + gr * 32);
+            const Bf16x8 d0 = e2m1x8_to_bf16x8(r[0], src.scale_g[2 * gr]);
+            const Bf16x8 d1 = e2m1x8_to_bf16x8(r[1], src.scale_g8[2 * gr]);
+            const Bf16x8 d2 = e2m1x8_to_bf16x8(r[2], src.scale_g[2 * gr + 1]);
+            const Bf16x8 d3 = e2m1x8_to_bf16x8(r[3], src.scale_g8[2 * gr + 1]);
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                f[st][0] = d0.w[2 * st], f[st][1] = d1.w[2 * st], f[st][2] = d0.w[2 * st + 1], f[st][3] = d1.w[2 * st + 1];
+                f[2 + st][0] = d2.w[2 * st], f[2 + st][1] = d3.w[2 * st];
+                f[2 + st][2] = d2.w[2 * st + 1], f[2 + st][3] = d3.w[2 * st + 1];
+            }
+        } else {
+            // Two 32-byte loads, each two steps: matrices 0, 1 are step 2q's A
+            // rows g, g + 8 and 2, 3 step 2q + 1's; a lane gets dims 4t..4t+3.
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                uint32_t r[4];
+                Tile::ldsm_x4(r, src.row + (2 * gr + q) * 32);
+                const F16x4 v0 = e4m3x4_to_f16x4(r[0]), v1 = e4m3x4_to_f16x4(r[1]);
+                const F16x4 v2 = e4m3x4_to_f16x4(r[2]), v3 = e4m3x4_to_f16x4(r[3]);
+                f[2 * q][0] = v0.w[0], f[2 * q][1] = v1.w[0], f[2 * q][2] = v0.w[1], f[2 * q][3] = v1.w[1];
+                f[2 * q + 1][0] = v2.w[0], f[2 * q + 1][1] = v3.w[0], f[2 * q + 1][2] = v2.w[1], f[2 * q + 1][3] = v3.w[1];
+            }
+        }
+    }
+#endif
+
+#if defined(MLA_TILE_WGMMA)
+    // M blocks of O^T (64 dims each) one commit group's fragments feed: an
+    // MXFP4 lane decodes whole 32-dim blocks, which span two.
+    static constexpr int kPvBlocks = KV == MLA_DTYPE_MXFP4 ? 2 : 1;
+
+    // What a lane reads for the A fragments of O^T on one stage: its
+    // ldmatrix.x4.trans row address (tokens 32h + lane), and for MXFP4 the
+    // byte offsets in `scales` of the scale rows of its tokens 32h + 8m + 2t
+    // and + 1.
+    struct PvSource {
+        const uint8_t *row;
+        int scale_at[2][4][2];
+    };
+    __device__ PvSource pv_source(int stage) const {
+        const int lane = threadIdx.x & 31, t = lane & 3;
+        PvSource v{};
+        v.row = landing + size_t(stage * N + lane) * kRawLd;
+        if (KV == MLA_DTYPE_MXFP4)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int m = 0; m < 4; ++m)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        const int slot = stage * N + 32 * h + 8 * m + 2 * t + k;
+                        v.scale_at[h][m][k] = slot * kScaleLd + scale_shift[slot];
+                    }
+        return v;
+    }
+
+    // The A fragments of commit group gr of O^T: M blocks kPvBlocks gr + u,
+    // 4 k steps of 16 tokens. Matrix m of an ldmatrix.x4.trans at tokens 32h
+    // is tokens 32h + 8m..8m+7, and a lane gets one 16-bit column of them for
+    // tokens 32h + 8m + 2t, 2t + 1: k 2t, 2t + 1 of k step 2h + m / 2 (+ 8
+    // for odd m).
+    __device__ void pv_group_fragments(uint32_t (&f)[kPvBlocks][4][4], const PvSource &src, int gr) const {
+        const int warp = (threadIdx.x >> 5) & 3;
+        if constexpr (KV == MLA_DTYPE_MXFP4) {
+            // Warp w takes 32-dim block c = 4 gr + w: a lane gets dims
+            // 4g..4g+3 of two tokens, each scaled by its token's scale and
+            // regrouped by dim into token pairs. Dims 4g, 4g + 1 are A rows
+            // g, g + 8 of M block 2 gr, dims 4g + 2, 4g + 3 those of 2 gr + 1.
+            const int c = 4 * gr + warp;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint32_t r[4];
+                Tile::ldsm_x4_trans(r, src.row + h * 32 * kRawLd + 16 * c);
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    const Bf16x8 d = e2m1x8_to_bf16x8(r[m], scales[src.scale_at[h][m][0] + c],
+                                                      scales[src.scale_at[h][m][1] + c]);
+                    const int ks = 2 * h + (m >> 1), hi = 2 * (m & 1);
+                    f[0][ks][hi] = byte_perm(d.w[0], d.w[2], 0x5410u);      // dim 4g
+                    f[0][ks][hi + 1] = byte_perm(d.w[0], d.w[2], 0x7632u);  // 4g + 1
+                    f[1][ks][hi] = byte_perm(d.w[1], d.w[3], 0x5410u);      // 4g + 2
+                    f[1][ks][hi + 1] = byte_perm(d.w[1], d.w[3], 0x7632u);  // 4g + 3
+                }
+            }
+        } else {
+            // 16 bytes at dim 64 gr + 16w: a lane gets dims 2g, 2g + 1 of two
+            // tokens, regrouped by dim: A rows g (dim 2g) and g + 8 (2g + 1).
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint32_t r[4];
+                Tile::ldsm_x4_trans(r, src.row + h * 32 * kRawLd + 64 * gr + 16 * warp);
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    const F16x4 v = e4m3x4_to_f16x4(byte_perm(r[m], 0, 0x3120u));
+                    f[0][2 * h + m / 2][2 * (m & 1)] = v.w[0];
+                    f[0][2 * h + m / 2][2 * (m & 1) + 1] = v.w[1];
+                }
+            }
+        }
+    }
+#endif
+
     template <int NT, int K>
     __device__ void qk_fragments(float (&acc)[NT][Tile::kElems], const uint16_t *q, int stage, int col0,
                                  int k0) const {
