@@ -9,11 +9,12 @@
 // each MMA step of Q K^T is permuted, and the Q fragments are read to match
 // (two 64-bit loads instead of an ldmatrix); a transposed load gives a lane
 // two tokens of two adjacent dims, so the output columns of P V are permuted
-// (pv_col). MXFP4 tiles, and
-// every quantised tile of the portable kernels, are decoded into a bf16 tile
-// in shared memory first: E2M1 decoding costs ~3 integer instructions an
-// element, and fragments decode K's first 512 dims twice (once as K, once as
-// V), which made MXFP4 1.5x slower on the H200 (docs/performance.md, v6).
+// (pv_col). On the MMA path MXFP4 tiles, and every quantised tile of the
+// portable kernels, are decoded into a bf16 tile in shared memory first:
+// E2M1 decoding costs ~3 integer instructions an element, and fragments
+// decode K's first 512 dims twice (once as K, once as V), which made MXFP4
+// 1.5x slower there on the H200 (docs/performance.md, v6). The warpgroup
+// products (below) decode E4M3 and MXFP4 into fragments.
 #pragma once
 
 #include <type_traits>
