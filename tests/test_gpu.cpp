@@ -8,6 +8,9 @@
 //   rising_scores         running maxima that move mid-sequence (rescales)
 //   mxfp4_scale_layouts   MXFP4 scale rows at every byte misalignment, strides
 //                         18 / 19 / 21 / 24, behind shuffled one-token pages
+//   nan_keys              the NaN rule: a NaN or inf in a visible key makes the
+//                         rows that see it NaN (out and lse), split or not;
+//                         every other row is clean and right
 //   random_configs        >= 300 fresh random configurations (MLA_GPU_TEST_CONFIGS
 //                         changes the count): every dtype pair, heads
 //                         {16,32,64,128}, q_len {1,2,4}, page {1,16,64}, ragged
@@ -604,6 +607,100 @@ void test_mxfp4_scale_layouts() {
         }
 }
 
+// The NaN rule of docs/reliability.md on the GPU: a non-finite element of a
+// visible key (bf16 NaN / inf, an fp8 NaN code, an E8M0 255 scale, an E8M0
+// 254 block that overflows float) makes every row that sees it NaN, all of
+// out and lse; rows the causal mask keeps from it, and other sequences, are
+// clean and as on the CPU. Sequence 1's bad key is its last (with q_len 2
+// only the second query token sees it), bad in a rope dim (>= 512): the GPU
+// also multiplies a causally hidden key's V by its zero weight, so a
+// non-finite V element of one of the last q_len - 1 keys would reach the
+// hidden rows' same dim (docs/reliability.md). Sequence 2's bad key, its
+// sixth, is bad in V. 16 and 32 rows, one split, auto and 4.
+void test_nan_keys() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x6e616eull);
+    const mla_dtype kinds[] = {MLA_DTYPE_BF16, MLA_DTYPE_FP8_E4M3, MLA_DTYPE_FP8_E4M3_FNUZ, MLA_DTYPE_MXFP4};
+    const std::vector<int> kv_lens = {150, 200, 90};
+    const int bad_key[3] = {-1, 199, 5};
+    for (mla_dtype kd : kinds)
+        for (int q_len : {1, 2})
+            for (int splits : {1, 0, 4}) {
+                Shape s;
+                s.kv = kd;
+                s.max_q_len = q_len;
+                s.splits = splits;
+                Host h;
+                make_host(h, s, {q_len, q_len, q_len}, kv_lens, true, 1, &rng);
+                auto key_row = [&](int seq) {  // KV row of sequence seq's bad key
+                    const int j = bad_key[seq];
+                    return size_t(tu_batch_page(&h.b, h.b.kv_indptr[seq] + j / s.page)) * size_t(s.page) +
+                           size_t(j % s.page);
+                };
+                // Poison the two keys, remembering their bytes for the bounds of the clean rows.
+                std::vector<std::vector<unsigned char>> saved;
+                for (int seq = 1; seq < 3; ++seq) {
+                    const size_t row = key_row(seq);
+                    unsigned char *kvr = h.kv.data.data + row * h.kv.row_bytes;
+                    unsigned char *sc = kd == MLA_DTYPE_MXFP4 ? h.kv.scales.data + row * size_t(h.kv.scale_stride) : nullptr;
+                    saved.emplace_back(kvr, kvr + h.kv.row_bytes);
+                    if (sc) saved.emplace_back(sc, sc + MLA_MXFP4_SCALES_PER_ROW);
+                    if (kd == MLA_DTYPE_BF16) {
+                        const uint16_t bad = seq == 1 ? 0x7fc0u : 0x7f80u;  // NaN; +inf
+                        std::memcpy(kvr + 2 * (seq == 1 ? 530 : 3), &bad, 2);
+                    } else if (kd == MLA_DTYPE_MXFP4) {
+                        if (seq == 1) {
+                            sc[17] = 255;  // NaN scale of dims 544..575
+                        } else {
+                            sc[0] = 254;
+                            kvr[0] = 0x77;  // dims 0, 1: 6 x 2^127 = inf in float
+                        }
+                    } else {
+                        kvr[seq == 1 ? 520 : 100] = kd == MLA_DTYPE_FP8_E4M3 ? 0x7f : 0x80;  // NaN codes
+                    }
+                }
+                Dev d(h);
+                Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+                Result g = run_gpu(gpu.p, h, d, s.heads, false, false, true, nullptr);
+                Result c = run_cpu(cpu.p, h, s.heads, false);
+                const std::string what = strf("nan keys: kv %s, q_len %d, splits %d", tu_dtype_name(kd), q_len, splits);
+                size_t nan_rows = 0;
+                for (int seq = 0; seq < 3; ++seq)
+                    for (int i = 0; i < q_len; ++i) {
+                        const bool sees = bad_key[seq] >= 0 && bad_key[seq] < kv_lens[size_t(seq)] - q_len + i + 1;
+                        for (int hd = 0; hd < s.heads; ++hd) {
+                            const size_t r = size_t(h.b.qo_indptr[seq] + i) * size_t(s.heads) + size_t(hd);
+                            const size_t gn = tu_count_bf16_nan(&g.out[r * kDV], kDV), cn = tu_count_bf16_nan(&c.out[r * kDV], kDV);
+                            REQUIRE(cn == (sees ? kDV : 0) && std::isnan(c.lse[r]) == sees,
+                                    "%s: CPU row %zu (sequence %d, token %d) breaks the rule", what.c_str(), r, seq, i);
+                            REQUIRE(gn == (sees ? kDV : 0), "%s: row %zu (sequence %d, token %d) has %zu NaN of %d, want %d",
+                                    what.c_str(), r, seq, i, gn, kDV, sees ? kDV : 0);
+                            REQUIRE(std::isnan(g.lse[r]) == sees, "%s: row %zu (sequence %d, token %d): lse %g", what.c_str(),
+                                    r, seq, i, double(g.lse[r]));
+                            if (sees) {  // equal now; compared as zeros below
+                                std::fill(&g.out[r * kDV], &g.out[r * kDV] + kDV, uint16_t(0));
+                                std::fill(&c.out[r * kDV], &c.out[r * kDV] + kDV, uint16_t(0));
+                                g.lse[r] = c.lse[r] = 0.0f;
+                                ++nan_rows;
+                            }
+                        }
+                    }
+                REQUIRE(nan_rows > 0, "%s: no row saw a bad key", what.c_str());
+                // The clean rows against the CPU, with bounds from the unpoisoned keys.
+                size_t k = 0;
+                for (int seq = 1; seq < 3; ++seq) {
+                    const size_t row = key_row(seq);
+                    std::memcpy(h.kv.data.data + row * h.kv.row_bytes, saved[k].data(), saved[k].size());
+                    ++k;
+                    if (kd == MLA_DTYPE_MXFP4) {
+                        std::memcpy(h.kv.scales.data + row * size_t(h.kv.scale_stride), saved[k].data(), saved[k].size());
+                        ++k;
+                    }
+                }
+                compare(what.c_str(), h, s, g, c);
+            }
+}
+
 void test_random_configs(int count) {
     tu_rng rng;
     tu_rng_init(&rng, tu_seed() ^ 0x6770755f72616e64ull);
@@ -1018,6 +1115,7 @@ int main() {
         {"decoding_exact", test_decoding_exact},
         {"rising_scores", test_rising_scores},
         {"mxfp4_scale_layouts", test_mxfp4_scale_layouts},
+        {"nan_keys", test_nan_keys},
         {"random_configs", [count] { test_random_configs(count); }},
         {"device_metadata", test_device_metadata},
         {"graph_capture", test_graph_capture},

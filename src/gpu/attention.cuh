@@ -242,7 +242,9 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         const int r = wm * 16 + Tile::row(lane, e);
         if (r >= rows_valid) continue;
         const float l = row_l[r];
-        const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+        // l == 0 only for a row without visible keys; a NaN l (a non-finite
+        // key) makes out and lse NaN, never the 0 / -inf of an empty row.
+        const float inv = l != 0.0f ? p.v_scale / l : 0.0f;
         const int tok = w.q_begin + r / heads, h = h0 + r % heads;
 #pragma unroll
         for (int i = 0; i < kONt; i += kAcross ? 2 : 1) {
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
     }
     if (tid < rows_valid) {
         const float l = row_l[tid];
-        const float lse = l > 0.0f ? (row_m[tid] + log2f(l)) * kLn2 : kNegInf;
+        const float lse = l != 0.0f ? (row_m[tid] + log2f(l)) * kLn2 : kNegInf;
         if (slot) {
             slot[ROWS * MLA_HEAD_DIM_V + tid] = lse;
         } else if (p.lse) {

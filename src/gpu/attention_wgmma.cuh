@@ -320,8 +320,10 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         float l = 0.0f;
 #pragma unroll
         for (int k = 0; k < S::kWarps; ++k) l += red[k * ROWS + row_of(r)];
-        const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
-        if (tid < 4) row_lse[row_of(r)] = l > 0.0f ? (m_ref[r] - kPOffsetLog2 + log2f(l)) * kLn2 : kNegInf;
+        // l == 0 only for a row without visible keys; a NaN l (a non-finite
+        // key) makes out and lse NaN, never the 0 / -inf of an empty row.
+        const float inv = l != 0.0f ? p.v_scale / l : 0.0f;
+        if (tid < 4) row_lse[row_of(r)] = l != 0.0f ? (m_ref[r] - kPOffsetLog2 + log2f(l)) * kLn2 : kNegInf;
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e)
             if (reg_row(e) == r)

@@ -21,6 +21,10 @@ constexpr int kWarpCols = MLA_WARP_SIZE * 4;                   // a float4 per l
 constexpr int kColBlocks = MLA_HEAD_DIM_V / kWarpCols;         // warps per row
 constexpr int kRowsPerCta = kCombineWarps / kColBlocks;
 constexpr int kBatch = 8;
+
+// The larger of two split LSEs, NaN winning: a split that met a non-finite
+// key makes the merged row NaN, as it is without splits.
+__device__ __forceinline__ float max_nan_wins(float a, float b) { return a > b || a != a ? a : b; }
 static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
@@ -43,8 +47,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 
     __shared__ float weights[kCombineWarps][MLA_MAX_SPLITS];
     float m = -INFINITY;
-    for (int k = lane; k < s.splits; k += MLA_WARP_SIZE) m = fmaxf(m, lses[int64_t(k) * p.slot_floats]);
-    for (int off = MLA_WARP_SIZE / 2; off > 0; off >>= 1) m = fmaxf(m, MLA_SHFL_XOR(m, off));
+    for (int k = lane; k < s.splits; k += MLA_WARP_SIZE) m = max_nan_wins(m, lses[int64_t(k) * p.slot_floats]);
+    for (int off = MLA_WARP_SIZE / 2; off > 0; off >>= 1) m = max_nan_wins(m, MLA_SHFL_XOR(m, off));
     float sum = 0.0f;
     for (int k = lane; k < s.splits; k += MLA_WARP_SIZE) {
         const float wk = m == -INFINITY ? 0.0f : expf(lses[int64_t(k) * p.slot_floats] - m);
@@ -53,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     }
     for (int off = MLA_WARP_SIZE / 2; off > 0; off >>= 1) sum += MLA_SHFL_XOR(sum, off);
     __syncwarp();
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;  // 0: every split empty; NaN stays NaN
 
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float *src = first + r * MLA_HEAD_DIM_V + col0;
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     packed.x = pack_bf16x2_rn(acc.x * inv, acc.y * inv);
     packed.y = pack_bf16x2_rn(acc.z * inv, acc.w * inv);
     *reinterpret_cast<uint2 *>(p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + col0) = packed;
-    if (lane == 0 && col0 == 0 && p.lse) p.lse[int64_t(tok) * p.num_heads + h] = sum > 0.0f ? m + logf(sum) : -INFINITY;
+    if (lane == 0 && col0 == 0 && p.lse) p.lse[int64_t(tok) * p.num_heads + h] = sum != 0.0f ? m + logf(sum) : -INFINITY;
 }
 
 }  // namespace
