@@ -677,7 +677,14 @@ void test_nan_keys() {
                                     what.c_str(), r, seq, i, gn, kDV, sees ? kDV : 0);
                             REQUIRE(std::isnan(g.lse[r]) == sees, "%s: row %zu (sequence %d, token %d): lse %g", what.c_str(),
                                     r, seq, i, double(g.lse[r]));
-                            if (sees) {  // equal now; compared as zeros below
+                            if (sees) {
+                                // computed NaNs, not the poison (0xff bytes) of a row never written
+                                uint32_t lse_bits;
+                                std::memcpy(&lse_bits, &g.lse[r], 4);
+                                REQUIRE(std::count(&g.out[r * kDV], &g.out[r * kDV] + kDV, uint16_t(0xffffu)) == 0 &&
+                                            lse_bits != 0xffffffffu,
+                                        "%s: row %zu (sequence %d, token %d) was not written", what.c_str(), r, seq, i);
+                                // equal now; compared as zeros below
                                 std::fill(&g.out[r * kDV], &g.out[r * kDV] + kDV, uint16_t(0));
                                 std::fill(&c.out[r * kDV], &c.out[r * kDV] + kDV, uint16_t(0));
                                 g.lse[r] = c.lse[r] = 0.0f;
