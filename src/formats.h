@@ -111,6 +111,10 @@ MLA_HD float e8m0_to_float(uint8_t e) {
 // 0 * finite is 0. One multiply-add, no branch.
 MLA_HD float score_nonfinite_to_nan(float s) { return s + 0.0f * s; }
 
+// The larger of two split LSEs, NaN winning (the same rule when splits are
+// merged: a split that met a non-finite key makes the merged row NaN).
+MLA_HD float max_nan_wins(float a, float b) { return a > b || a != a ? a : b; }
+
 // Bytes of one stored KV row (the separate MXFP4 scales not counted).
 MLA_HD int kv_row_bytes(mla_dtype kv) {
     switch (kv) {

@@ -193,10 +193,8 @@ private:
             // Largest split LSE; a NaN one (a split that met a non-finite key)
             // wins, so the NaN reaches out and lse as it does without splits.
             float m = kNegInf;
-            for (int32_t k = 0; k < s.splits; ++k) {
-                const float x = partial_slot(partials, first + k)[lse_off + size_t(r)];
-                if (x > m || std::isnan(x)) m = std::isnan(m) ? m : x;
-            }
+            for (int32_t k = 0; k < s.splits; ++k)
+                m = max_nan_wins(m, partial_slot(partials, first + k)[lse_off + size_t(r)]);
             const int32_t tok = s.q_begin + r / nh, h = h0 + r % nh;
             uint16_t *o = static_cast<uint16_t *>(t.out) + (size_t(tok) * cfg_.num_heads + size_t(h)) * kDimV;
             float *lse_out = t.lse ? &t.lse[size_t(tok) * cfg_.num_heads + size_t(h)] : nullptr;

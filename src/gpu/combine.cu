@@ -21,10 +21,6 @@ constexpr int kWarpCols = MLA_WARP_SIZE * 4;                   // a float4 per l
 constexpr int kColBlocks = MLA_HEAD_DIM_V / kWarpCols;         // warps per row
 constexpr int kRowsPerCta = kCombineWarps / kColBlocks;
 constexpr int kBatch = 8;
-
-// The larger of two split LSEs, NaN winning: a split that met a non-finite
-// key makes the merged row NaN, as it is without splits.
-__device__ __forceinline__ float max_nan_wins(float a, float b) { return a > b || a != a ? a : b; }
 static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {

@@ -402,9 +402,7 @@ struct KvTile {
             }
         }
     }
-#endif
 
-#if defined(MLA_TILE_WGMMA)
     // M blocks of O^T (64 dims each) one commit group's fragments feed: an
     // MXFP4 lane decodes whole 32-dim blocks, which span two.
     static constexpr int kPvBlocks = KV == MLA_DTYPE_MXFP4 ? 2 : 1;
