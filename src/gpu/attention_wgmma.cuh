@@ -1,15 +1,17 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
-// items of 16 query rows with OCP E4M3 (and, once checked on the H200, MXFP4)
-// KV: the quantised decode shapes of serving.
+// items of 16 query rows with bf16 or OCP E4M3 (and, behind
+// -Dwgmma_mxfp4=true, MXFP4) KV: the decode shapes of serving.
 // One CTA is one warpgroup and one work item, as in attention.cuh, but the
 // products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
 // the tile's 64 tokens on the M = 64 of the wgmma and the 16 rows on its N,
-// so nothing is padded; Q and P are the B operands in shared memory, K and V
-// are decoded from the raw stage into A fragments in registers.
+// so nothing is padded; Q and P are the B operands in shared memory. bf16 K
+// and V^T are A operands read straight from the stage (core-matrix layout:
+// no decode at all, one CTA per SM); E4M3 and MXFP4 K and V are decoded from
+// the raw stage into A fragments in registers (two CTAs per SM).
 //
 // E4M3's operands are f16, not bf16: E4M3 -> f16 is one cvt per pair (bf16
-// takes four instructions) and exact. MXFP4's are bf16 (the E8M0 scales
-// need its range), with Q and P as bf16. Q is staged as f16 times a power of two
+// takes four instructions) and exact. bf16's and MXFP4's are bf16 (MXFP4's
+// E8M0 scales need its range), with Q and P as bf16. For E4M3, Q is staged as f16 times a power of two
 // that puts the item's largest |q| in [2^14, 2^15) (exact for bf16 and fp8
 // Q; the factor is taken out of the scores again). The softmax runs on the
 // S^T accumulators in registers; its reference maximum moves only when a
@@ -38,7 +40,7 @@ constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_MXFP4)
     if (rows == 16 && kv == MLA_DTYPE_MXFP4) return true;
 #endif
-    return rows == 16 && kv == MLA_DTYPE_FP8_E4M3;
+    return rows == 16 && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16);
 #else
     (void)rows, (void)kv;
     return false;
@@ -54,7 +56,9 @@ struct WgmmaShape {
     static constexpr int kWarps = kThreads / 32;
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
     static constexpr int kStages = 2;     // tile j + 1 loads while tile j is computed
-    using Kv = KvTile<KV, N, kStages, kThreads>;
+    // bf16 stages in the core-matrix layout, read by the products straight
+    // from shared memory; E4M3 and MXFP4 stage raw rows, decoded into A fragments.
+    using Kv = KvTile<KV, N, kStages, kThreads, KV == MLA_DTYPE_BF16>;
     static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
     static constexpr int kRowsPerThread = ROWS / 4;          // query rows 8i + 2t + c of a lane
     static constexpr int kOBlocks = MLA_HEAD_DIM_V / 64;     // M blocks of O^T
@@ -67,12 +71,15 @@ struct WgmmaShape {
     static constexpr int kRedBytes = kWarps * ROWS * 4;      // per-warp row maxima / sums
     static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
     static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
-    static constexpr int kSmemBytes =
-        kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + 2 * kPBytes + kRedBytes + kStatBytes + Kv::kRowMetaBytes;
-    static constexpr int kMinBlocksPerSm = 2;
+    static constexpr int kSmemBytes = kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + 2 * kPBytes + kRedBytes +
+                                      kStatBytes + Kv::kRowMetaBytes + Kv::kLandingAlign - 16;
+    // Two CTAs per SM where they fit (one's copies and barriers overlap the
+    // other's math): E4M3 and MXFP4. bf16's two 74 KB stages fit one; its
+    // warps only issue copies and wgmmas, so one tile in flight per SM streams.
+    static constexpr int kMinBlocksPerSm = 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
     static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16, "wgmma shapes: m64n16k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
-    static_assert(!uses_wgmma(ROWS, KV) || kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+    static_assert(!uses_wgmma(ROWS, KV) || kSmemBytes + 1024 <= 228 * 1024, "fits an SM");
 };
 
 // A score more than this above the reference maximum (log2 units) moves it.
@@ -179,10 +186,11 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const WorkItem w = p.items[blockIdx.x];
 
     MLA_DYNAMIC_SMEM(uint8_t, smem);
-    uint8_t *cursor = smem;
-    uint8_t *qs = cursor; cursor += S::kQBytes;
+    uint8_t *cursor = smem;  // (16-byte aligned; the stages first, at their alignment)
+    cursor += (Kv::kLandingAlign - Wgmma::shared_address(cursor) % Kv::kLandingAlign) % Kv::kLandingAlign;
     Kv kv;
     kv.landing = cursor; cursor += Kv::kLandingBytes;
+    uint8_t *qs = cursor; cursor += S::kQBytes;
     kv.scales = cursor; cursor += Kv::kScaleBytes;
     kv.converted = nullptr;
     uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
@@ -226,6 +234,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
         async_wait<0>();  // tile j has landed
+        if (Kv::kWgmmaFromShared) fence_proxy_async();  // ... and is visible to the wgmmas that read it
         __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
         if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
         async_commit();

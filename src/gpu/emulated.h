@@ -12,7 +12,8 @@
 //   MLA_GPU_EMULATED_NVIDIA   an sm_90-like device: 32-wide warps, 227 KB of
 //                             shared memory, and the NVIDIA kernels' own path:
 //                             ldmatrix, mma.sync m16n8k16 bf16, wgmma
-//                             m64nNk16 bf16/f16 (A in registers), cp.async
+//                             m64nNk16 bf16/f16 (A in registers or shared
+//                             memory, K- or M-major), cp.async
 //                             (copies and wgmmas complete only when a
 //                             wait_group requires them, the latest the PTX
 //                             rules allow, so a read before its wait sees
@@ -256,7 +257,9 @@ struct Cta {
         bool f16;       // f16 elements (else bf16)
         uint64_t desc;  // B operand
         bool accumulate;
-        uint32_t a[32][4];  // the warp's A fragments
+        uint32_t a[32][4];  // the warp's A fragments (A in registers)
+        uint64_t a_desc;    // A in shared memory: its descriptor (a_smem)
+        bool a_smem, a_trans;  // A from shared memory; M-major (else K-major)
     };
     struct AsyncWgmmas {
         std::vector<Wgmma> open;
@@ -398,7 +401,7 @@ struct Launch {
         c.wgmmas.assign(threads, Cta::AsyncWgmmas{});
         for (unsigned b = 0; b < grid; ++b) {
             c.block = b;
-            c.dynamic_smem.assign(smem + 16, 0xff);  // uninitialised shared memory reads as NaN
+            c.dynamic_smem.assign(smem + 1024, 0xff);  // uninitialised shared memory reads as NaN
             // Copies a previous CTA left in flight are dropped with its shared memory.
             for (Cta::AsyncCopies &q : c.copies) q = Cta::AsyncCopies{};
             for (Cta::AsyncWgmmas &q : c.wgmmas) q = Cta::AsyncWgmmas{};
@@ -538,22 +541,32 @@ inline void cp_async_wait(int pending) {
     }
 }
 
-// wgmma.mma_async m64nNk16 bf16 / f16 with A in registers (src/gpu/tile.cuh,
-// Wgmma): queued per thread with a copy of its warp's A fragments, computed
-// when a wgmma.wait_group requires it (the latest the PTX rules allow), so
-// reading accumulators before the wait sees stale values and B is read
-// from shared memory only then. Each warp's 16 rows of D depend only on its
-// own A rows, so the warpgroup needs no rendezvous.
+// wgmma.mma_async m64nNk16 bf16 / f16 with A in registers or shared memory
+// (src/gpu/tile.cuh, Wgmma): queued per thread with a copy of its warp's A
+// fragments (or A's descriptor), computed when a wgmma.wait_group requires
+// it (the latest the PTX rules allow), so reading accumulators before the
+// wait sees stale values and shared-memory operands are read only then.
+// Each warp's 16 rows of D depend only on its own A rows, so the warpgroup
+// needs no rendezvous.
 inline uint32_t smem_offset(const void *p) {
     return uint32_t(static_cast<const unsigned char *>(p) - static_cast<const unsigned char *>(dynamic_smem()));
 }
 inline void wgmma(float *d, int n, bool f16, const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
     const uint32_t *all = warp_publish(a, 4);
-    Cta::Wgmma op;
+    Cta::Wgmma op{};
     op.d = d, op.n = n, op.f16 = f16, op.desc = desc, op.accumulate = accumulate;
     for (int l = 0; l < 32; ++l)
         for (int r = 0; r < 4; ++r) op.a[l][r] = all[size_t(l) * kExchangeWords + r];
     warp_release();
+    cta().wgmmas[size_t(cta().current)].open.push_back(op);
+}
+// The same with A from shared memory too: core matrices of 8 rows x 16
+// bytes, K-major (a row is 8 k of one M row) or, `a_trans`, M-major (a row
+// is 8 M elements of one k), LBO apart along K and SBO apart along M.
+inline void wgmma_ss(float *d, int n, bool f16, uint64_t a_desc, bool a_trans, uint64_t desc, bool accumulate) {
+    Cta::Wgmma op{};
+    op.d = d, op.n = n, op.f16 = f16, op.desc = desc, op.accumulate = accumulate;
+    op.a_desc = a_desc, op.a_smem = true, op.a_trans = a_trans;
     cta().wgmmas[size_t(cta().current)].open.push_back(op);
 }
 inline void wgmma_commit() {
@@ -561,22 +574,42 @@ inline void wgmma_commit() {
     q.groups.push_back(std::move(q.open));
     q.open.clear();
 }
+// Byte offset of 16-bit element (row, k) of an operand described by `desc`
+// (row: M or N; a core matrix's rows run along K unless `mn_major`). No
+// swizzle: 16-byte core-matrix rows, LBO apart along K, SBO along M/N.
+// 128-byte swizzle: 128-byte rows of 8-row atoms, atoms SBO apart along the
+// strided dimension (M/N, or K when `mn_major`) and LBO apart along the
+// other past 64 elements; the 16-byte chunk index of an address is XORed
+// with its 128-byte row index modulo 8.
+inline size_t wgmma_operand_offset(uint64_t desc, int row, int k, bool mn_major) {
+    const size_t start = (desc & 0x3fffu) << 4;
+    const size_t lbo = ((desc >> 16) & 0x3fffu) << 4, sbo = ((desc >> 32) & 0x3fffu) << 4;
+    if ((desc >> 62) == 1) {
+        const int strided = mn_major ? k : row, contiguous = mn_major ? row : k;
+        const size_t a = start + size_t(strided / 8) * sbo + size_t(strided % 8) * 128 +
+                         size_t(contiguous / 64) * lbo + size_t(contiguous % 64) * 2;
+        return a ^ (((a >> 7) & 7u) << 4);
+    }
+    const size_t in_core = mn_major ? (k % 8) * 16 + (row % 8) * 2 : (row % 8) * 16 + (k % 8) * 2;
+    return start + (row / 8) * sbo + (k / 8) * lbo + in_core;
+}
 inline void wgmma_run(const Cta::Wgmma &op) {
     const unsigned char *base = static_cast<const unsigned char *>(dynamic_smem());
-    const unsigned char *start = base + ((op.desc & 0x3fffu) << 4);
-    const size_t k_stride = ((op.desc >> 16) & 0x3fffu) << 4, n_stride = ((op.desc >> 32) & 0x3fffu) << 4;
     auto value = [&](uint32_t bits) { return op.f16 ? f16_to_float(uint16_t(bits)) : bf16_to_float(uint16_t(bits)); };
-    auto A = [&](int i, int k) {  // the mma.sync m16n8k16 A fragment layout
-        const int reg = (i >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), lane = (i % 8) * 4 + (k % 8) / 2;
+    auto A = [&](int i, int k) {
+        if (op.a_smem) return value(load_u16(base + wgmma_operand_offset(op.a_desc, i, k, op.a_trans)));
+        // the mma.sync m16n8k16 A fragment layout of the warp's 16 rows
+        const int reg = (i % 16 >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), lane = (i % 8) * 4 + (k % 8) / 2;
         return value(op.a[lane][reg] >> (16 * (k & 1)));
     };
-    auto B = [&](int k, int j) {
-        return value(load_u16(start + (j / 8) * n_stride + (k / 8) * k_stride + (j % 8) * 16 + (k % 8) * 2));
-    };
-    const int lane = cta().current % MLA_WARP_SIZE, g = lane / 4, t = lane % 4;
+    auto B = [&](int k, int j) { return value(load_u16(base + wgmma_operand_offset(op.desc, j, k, false))); };
+    const int lane = cta().current % MLA_WARP_SIZE, warp = (cta().current / MLA_WARP_SIZE) % 4;
+    const int g = lane / 4, t = lane % 4;
+    // Register A holds the warp's own 16 rows; shared-memory A all 64 (warp w's are 16w..16w+15).
+    const int row0 = op.a_smem ? 16 * warp : 0;
     for (int i = 0; i < op.n / 8; ++i)
         for (int e = 0; e < 4; ++e) {
-            const int row = g + (e >= 2 ? 8 : 0), col = 8 * i + 2 * t + (e & 1);
+            const int row = row0 + g + (e >= 2 ? 8 : 0), col = 8 * i + 2 * t + (e & 1);
             float acc = op.accumulate ? op.d[4 * i + e] : 0.0f;
             for (int k = 0; k < 16; ++k) acc = fmaf(A(row, k), B(k, col), acc);
             op.d[4 * i + e] = acc;

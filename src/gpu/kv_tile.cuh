@@ -41,8 +41,9 @@ constexpr bool decodes_into_fragments(int kv) {
 }
 
 // Shared-memory staging of KV tiles of N tokens in format KV, STAGES tiles
-// in flight, issued by the THREADS threads of a CTA.
-template <int KV, int N, int STAGES, int THREADS = kThreads>
+// in flight, issued by the THREADS threads of a CTA. SWIZZLED stages them in
+// the warpgroup MMA's 128-byte-swizzled layout (see kSwizzled), else row by row.
+template <int KV, int N, int STAGES, int THREADS = kThreads, bool SWIZZLED = false>
 struct KvTile {
     static constexpr bool kQuantized = KV != MLA_DTYPE_BF16;
     static constexpr int kRowBytes = KV == MLA_DTYPE_BF16 ? 1152 : KV == MLA_DTYPE_MXFP4 ? 288 : 576;
@@ -50,8 +51,21 @@ struct KvTile {
     static constexpr int kScaleLd = 24;                    // staged scale bytes per row (aligned words)
     static constexpr int kScaleWords = kScaleLd / 4;       // 18 bytes at any alignment span <= 6 words
     static constexpr int kStages = STAGES;
+    // 128-byte-swizzled staging (bf16 on attention_wgmma.cuh): the tile is
+    // cut into slabs of 64 dims (128 bytes a token); in slab c / 8 the 16-byte
+    // chunk c of token r sits at 128 r + 16 ((c % 8) ^ (r % 8)). The warpgroup
+    // products read K (K-major) and V^T (M-major) straight from it, with no
+    // decode; a quarter warp copying 8 chunks of a row writes 128 contiguous
+    // bytes (no bank conflicts) and reads a whole 128-byte line. Stages start
+    // at 1024-byte boundaries (the swizzle is a function of the address).
+    static constexpr bool kSwizzled = SWIZZLED;
+    static constexpr int kSlabBytes = N * 128;
+    static_assert(!SWIZZLED || (KV == MLA_DTYPE_BF16 && N % 8 == 0), "swizzled staging: bf16, 8-token atoms");
     // Bytes of the landing buffers (bf16: the bf16 tiles themselves).
-    static constexpr int kLandingBytes = kQuantized ? kStages * N * kRawLd : kStages * N * kKvLd * 2;
+    static constexpr int kLandingBytes = kSwizzled ? kStages * N * kRowBytes
+                                         : kQuantized ? kStages * N * kRawLd
+                                                      : kStages * N * kKvLd * 2;
+    static constexpr int kLandingAlign = kSwizzled ? 1024 : 16;
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
     static constexpr bool kFragmentDecode = decodes_into_fragments(KV);
     static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
@@ -113,11 +127,12 @@ struct KvTile {
             const int32_t page = MLA_SHFL(my_page, i);
             const int64_t row = page < 0 ? -1 : (int64_t(page) << p.page_shift) + (tok & page_mask);
             const uint8_t *src = p.kv + (row < 0 ? 0 : row) * kRowBytes;
-            uint8_t *dst = landing + (size_t(stage) * N + r) * kLd;
+            uint8_t *dst = landing + (kSwizzled ? size_t(stage) * N * kRowBytes + r * 128 : (size_t(stage) * N + r) * kLd);
 #pragma unroll
             for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
                 const int ch = lane + k * MLA_WARP_SIZE;
-                if (kChunks % MLA_WARP_SIZE == 0 || ch < kChunks) copy16_async(dst + ch * 16, src + ch * 16, row >= 0);
+                const int at = kSwizzled ? (ch >> 3) * kSlabBytes + (((ch & 7) ^ (r & 7)) << 4) : ch * 16;
+                if (kChunks % MLA_WARP_SIZE == 0 || ch < kChunks) copy16_async(dst + at, src + ch * 16, row >= 0);
             }
             if (KV == MLA_DTYPE_MXFP4 && lane < kScaleWords) issue_scales(p, row, stage * N + r, lane, i);
         }
@@ -212,6 +227,11 @@ struct KvTile {
         }
     }
 
+    // The first byte of stage `stage`.
+    __device__ const uint8_t *stage_bytes(int stage) const {
+        return landing + size_t(stage) * (kLandingBytes / kStages);
+    }
+
     // The 18 block scales of staged row `slot`.
     __device__ const uint8_t *scale_row(int slot) const { return scales + slot * kScaleLd + scale_shift[slot]; }
 
@@ -264,14 +284,20 @@ struct KvTile {
 
     // Operand type of the warpgroup products: f16 (else bf16).
     static constexpr bool kWgmmaF16 = KV == MLA_DTYPE_FP8_E4M3;
+    // The warpgroup products read K and V^T from the swizzled stage (bf16),
+    // else from A fragments decoded in registers (E4M3, MXFP4).
+    static constexpr bool kWgmmaFromShared = kSwizzled;
 
     // The bf16 pair (word) of a 32-dim block of Q, 0..15, that goes to word i
     // (0..3) of k chunk `chunk` (k 0..7 | 8..15) of the block's 16-dim step s,
     // in the reduction order of the K fragments of wgmma_qk.
     __device__ static int wgmma_q_word(int s, int chunk, int i) {
-        // E4M3: a lane's 4 dims 4t..4t+3 of a step are k 2t, 2t + 1, 2t + 8, 2t + 9;
-        // MXFP4: its 8 dims 8t..8t+7 of a block are those k of steps 0 and 1.
-        return KV == MLA_DTYPE_MXFP4 ? 2 * s + 4 * i + chunk : 8 * s + 2 * i + chunk;
+        // K from shared memory: dims in order. E4M3: a lane's 4 dims 4t..4t+3
+        // of a step are k 2t, 2t + 1, 2t + 8, 2t + 9; MXFP4: its 8 dims
+        // 8t..8t+7 of a block are those k of steps 0 and 1.
+        return kWgmmaFromShared ? 8 * s + 4 * chunk + i
+               : KV == MLA_DTYPE_MXFP4 ? 2 * s + 4 * i + chunk
+                                       : 8 * s + 2 * i + chunk;
     }
 
     // s[64 x ROWS] = K Q^T on stage `stage`: warp w has rows = tokens
@@ -280,8 +306,21 @@ struct KvTile {
     template <int ROWS>
     __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
-        static_assert((KV == MLA_DTYPE_FP8_E4M3 || KV == MLA_DTYPE_MXFP4) && N == 64,
-                      "the warpgroup path decodes E4M3 or MXFP4 fragments of 64 tokens");
+        static_assert((KV == MLA_DTYPE_FP8_E4M3 || KV == MLA_DTYPE_MXFP4 || kWgmmaFromShared) && N == 64,
+                      "the warpgroup path: 64-token tiles, bf16 from shared memory or E4M3 / MXFP4 fragments");
+        if constexpr (kWgmmaFromShared) {
+            // K-major A: a 16-dim step is 32 bytes into a slab's rows (four a slab).
+            const uint64_t k_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
+            Wgmma::fence();
+#pragma unroll
+            for (int step = 0; step < MLA_HEAD_DIM_QK / 16; ++step)
+                Wgmma::mma_ss<ROWS, kWgmmaF16, false>(s, Wgmma::advance(k_desc, (step >> 2) * kSlabBytes + (step & 3) * 32),
+                                                      Wgmma::advance(q_desc, step * q_step), step > 0);
+            Wgmma::commit();
+            Wgmma::wait<0>();
+            Wgmma::hold(s);
+            return;
+        }
         const QkSource src = qk_source(stage);
         // Commit groups of four 16-dim steps, two in flight (finer groups
         // measured slower on the H200: more fences and waits per tile).
@@ -315,6 +354,22 @@ struct KvTile {
     template <int ROWS>
     __device__ void wgmma_pv(float (&o)[MLA_HEAD_DIM_V / 64][ROWS / 2], uint64_t p_desc, int p_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
+        if constexpr (kWgmmaFromShared) {
+            // M-major A (V^T): M block b is slab b, a 16-token k step 16 rows on.
+            const uint64_t v_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
+            Wgmma::fence();
+#pragma unroll
+            for (int b = 0; b < MLA_HEAD_DIM_V / 64; ++b)
+#pragma unroll
+                for (int k = 0; k < N / 16; ++k)
+                    Wgmma::mma_ss<ROWS, kWgmmaF16, true>(o[b], Wgmma::advance(v_desc, b * kSlabBytes + k * 16 * 128),
+                                                         Wgmma::advance(p_desc, k * p_step), true);
+            Wgmma::commit();
+            Wgmma::wait<0>();
+#pragma unroll
+            for (int b = 0; b < MLA_HEAD_DIM_V / 64; ++b) Wgmma::hold(o[b]);
+            return;
+        }
         const PvSource src = pv_source(stage);
         // A commit group per kPvBlocks M blocks (dims), two groups in flight.
         constexpr int kGroups = MLA_HEAD_DIM_V / 64 / kPvBlocks;
@@ -347,6 +402,8 @@ struct KvTile {
     // The dim of accumulator element e of o[b] in wgmma_pv (its column is
     // query row 8 (e / 4) + 2t + (e & 1)).
     __device__ static int wgmma_pv_dim(int b, int warp, int lane, int e) {
+        if (kWgmmaFromShared)  // dims in order: A row 16w + g (+ 8)
+            return 64 * b + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
         if (KV == MLA_DTYPE_MXFP4)  // block 4 (b / 2) + warp, dims 4g + 2 (b & 1) (row g) and + 1 (row g + 8)
             return 32 * (4 * (b >> 1) + warp) + 4 * (lane >> 2) + 2 * (b & 1) + ((e >> 1) & 1);
         return 64 * b + 16 * warp + 2 * (lane >> 2) + ((e >> 1) & 1);

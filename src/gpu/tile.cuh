@@ -172,16 +172,29 @@ struct Wgmma {
     static constexpr int kCoreBytes = 128;
 
     __device__ static uint64_t desc(const void *smem, uint32_t k_stride, uint32_t n_stride) {
-#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
-        const uint32_t a = emu::smem_offset(smem);
-#elif defined(MLA_TILE_WGMMA)
-        const uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
-#else
-        const uint32_t a = 0;
-        (void)smem;
-#endif
+        const uint32_t a = shared_address(smem);
         return uint64_t((a >> 4) & 0x3fffu) | (uint64_t((k_stride >> 4) & 0x3fffu) << 16) |
                (uint64_t((n_stride >> 4) & 0x3fffu) << 32);
+    }
+    // An operand in the 128-byte-swizzled layout: 128-byte rows (64 16-bit
+    // elements along K for K-major, along M for M-major), 8-row atoms of
+    // 1024 bytes one after another along the other dimension, the next 64
+    // elements of a row `block_stride` bytes on; `smem` is 1024-byte aligned,
+    // or a multiple of 16 bytes past such an address inside a row (k steps).
+    __device__ static uint64_t desc_swizzled(const void *smem, uint32_t block_stride) {
+        return desc(smem, block_stride, 1024) | (uint64_t(1) << 62);
+    }
+    // The address of `smem` in the shared window (what descriptors and the
+    // swizzle see).
+    __device__ static uint32_t shared_address(const void *smem) {
+#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
+        return emu::smem_offset(smem);
+#elif defined(MLA_TILE_WGMMA)
+        return uint32_t(__cvta_generic_to_shared(smem));
+#else
+        (void)smem;
+        return 0;
+#endif
     }
     // The descriptor `bytes` further on (a multiple of 16 inside shared memory).
     __device__ static uint64_t advance(uint64_t d, int bytes) { return d + uint64_t(bytes >> 4); }
@@ -249,6 +262,34 @@ struct Wgmma {
             MLA_WGMMA_M64N16K16("bf16");
         }
 #undef MLA_WGMMA_M64N16K16
+#else
+        (void)d, (void)a, (void)b, (void)accumulate;
+#endif
+    }
+
+    // The same with A in shared memory too (`a` a descriptor, no swizzle):
+    // K-major core matrices (8 rows of M x 8 k) or, TRANS_A, M-major ones
+    // (8 k x 8 elements of M), `k_stride` (LBO) apart along K and `n_stride`
+    // (SBO) apart along M, as desc() builds them. Checked on the H200
+    // (docs/performance.md, v9).
+    template <int N, bool F16, bool TRANS_A>
+    __device__ static void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
+#if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
+        emu::wgmma_ss(d, N, F16, a, TRANS_A, b, accumulate);
+#elif defined(MLA_TILE_WGMMA)
+        static_assert(N == 16, "wgmma shapes: m64n16k16");
+#define MLA_WGMMA_SS_M64N16K16(type)                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." type "." type " {%0,%1,%2,%3,%4,%5,%6,%7}, "     \
+                 "%8, %9, p, 1, 1, %11, 0;\n}\n"                                                                \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+                 : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TRANS_A)))
+        if constexpr (F16) {
+            MLA_WGMMA_SS_M64N16K16("f16");
+        } else {
+            MLA_WGMMA_SS_M64N16K16("bf16");
+        }
+#undef MLA_WGMMA_SS_M64N16K16
 #else
         (void)d, (void)a, (void)b, (void)accumulate;
 #endif
