@@ -1,6 +1,6 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
-// items of 16 query rows with bf16 or OCP E4M3 (and, behind
-// -Dwgmma_mxfp4=true, MXFP4) KV: the decode shapes of serving.
+// items of 16 query rows (16 heads at q_len 1: the decode shapes of
+// serving), every KV format.
 // One CTA is one warpgroup and one work item, as in attention.cuh, but the
 // products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
 // the tile's 64 tokens on the M = 64 of the wgmma and the 16 rows on its N,
@@ -31,16 +31,12 @@
 namespace mla {
 namespace gpu {
 
-// Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
-// MXFP4 does under MLA_WGMMA_MXFP4: the CPU-emulated suite always sets it,
-// hardware builds with -Dwgmma_mxfp4=true until the H200 suite has passed on
-// it and it becomes the default (docs/performance.md, v8).
+// Whether the (rows, kv) specialisation runs this kernel instead of
+// attention.cuh's: 16-row items of every KV format.
 constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
-#if defined(MLA_WGMMA_MXFP4)
-    if (rows == 16 && kv == MLA_DTYPE_MXFP4) return true;
-#endif
-    return rows == 16 && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16);
+    (void)kv;
+    return rows == 16;
 #else
     (void)rows, (void)kv;
     return false;
@@ -55,10 +51,12 @@ struct WgmmaShape {
     static constexpr int kThreads = 128;
     static constexpr int kWarps = kThreads / 32;
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
-    static constexpr int kStages = 2;     // tile j + 1 loads while tile j is computed
-    // bf16 stages in the core-matrix layout, read by the products straight
-    // from shared memory; E4M3 and MXFP4 stage raw rows, decoded into A fragments.
-    using Kv = KvTile<KV, N, kStages, kThreads, KV == MLA_DTYPE_BF16>;
+    // Tiles in flight: kStages - 1 load while one is computed, about 74 KB a
+    // CTA (one CTA per SM): bf16 stages are the operand tiles (74 KB each),
+    // quantised ones raw tiles (37 KB fp8, 20 KB MXFP4) beside one decoded
+    // operand tile.
+    static constexpr int kStages = KV == MLA_DTYPE_BF16 ? 2 : KV == MLA_DTYPE_MXFP4 ? 5 : 3;
+    using Kv = KvTile<KV, N, kStages, kThreads, true>;
     static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
     static constexpr int kRowsPerThread = ROWS / 4;          // query rows 8i + 2t + c of a lane
     static constexpr int kOBlocks = MLA_HEAD_DIM_V / 64;     // M blocks of O^T
@@ -71,11 +69,8 @@ struct WgmmaShape {
     static constexpr int kRedBytes = kWarps * ROWS * 4;      // per-warp row maxima / sums
     static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
     static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
-    static constexpr int kSmemBytes = kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + 2 * kPBytes + kRedBytes +
-                                      kStatBytes + Kv::kRowMetaBytes + Kv::kLandingAlign - 16;
-    // Two CTAs per SM where they fit (one's copies and barriers overlap the
-    // other's math): E4M3 and MXFP4. bf16's two 74 KB stages fit one; its
-    // warps only issue copies and wgmmas, so one tile in flight per SM streams.
+    static constexpr int kSmemBytes = Kv::kConvertedBytes + Kv::kLandingBytes + Kv::kScaleBytes + kQBytes +
+                                      2 * kPBytes + kRedBytes + kStatBytes + Kv::kRowMetaBytes + Kv::kOperandAlign - 16;
     static constexpr int kMinBlocksPerSm = 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
     static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16, "wgmma shapes: m64n16k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
@@ -186,13 +181,13 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const WorkItem w = p.items[blockIdx.x];
 
     MLA_DYNAMIC_SMEM(uint8_t, smem);
-    uint8_t *cursor = smem;  // (16-byte aligned; the stages first, at their alignment)
-    cursor += (Kv::kLandingAlign - Wgmma::shared_address(cursor) % Kv::kLandingAlign) % Kv::kLandingAlign;
+    uint8_t *cursor = smem;  // (16-byte aligned: the operand tiles first, at their alignment)
+    cursor += (Kv::kOperandAlign - Wgmma::shared_address(cursor) % Kv::kOperandAlign) % Kv::kOperandAlign;
     Kv kv;
+    kv.converted = reinterpret_cast<uint16_t *>(cursor); cursor += Kv::kConvertedBytes;
     kv.landing = cursor; cursor += Kv::kLandingBytes;
     uint8_t *qs = cursor; cursor += S::kQBytes;
     kv.scales = cursor; cursor += Kv::kScaleBytes;
-    kv.converted = nullptr;
     uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
     float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
     float *row_lse = reinterpret_cast<float *>(cursor); cursor += S::kStatBytes;
@@ -204,11 +199,15 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int rows_valid = w.q_len * heads;
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
 
-    if (num_tiles > 0) {
-        kv.issue(p, w, w.kv_begin, 0);
-        kv.finish_issue(0);
+    constexpr int kAhead = S::kStages - 1;  // tiles issued ahead of the one computed
+#pragma unroll
+    for (int t = 0; t < kAhead; ++t) {
+        if (t < num_tiles) {
+            kv.issue(p, w, w.kv_begin + t * N, t);
+            kv.finish_issue(t);
+        }
+        async_commit();  // one group per tile, empty or not: the waits count groups
     }
-    async_commit();
     const float q_unscale = load_q_wgmma<Kv, ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
 
     // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
@@ -233,11 +232,17 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
-        async_wait<0>();  // tile j has landed
-        if (Kv::kWgmmaFromShared) fence_proxy_async();  // ... and is visible to the wgmmas that read it
+        const bool issues = j + kAhead < num_tiles;
+        async_wait<kAhead - 1>();  // tile j has landed
+        if (Kv::kStageIsOperand) fence_proxy_async();  // ... and is visible to the wgmmas that read it
         __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
-        if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
+        if (issues) kv.issue(p, w, t0 + kAhead * N, (j + kAhead) % S::kStages);  // into tile j - 1's stage
         async_commit();
+        if (Kv::kDecodesToSwizzled) {  // tile j - 1's products are complete: its operand tile is free
+            kv.decode_to_swizzled(stage);
+            fence_proxy_async();
+            __syncthreads();
+        }
 
         float s_acc[kSRegs];
         kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage);
@@ -307,7 +312,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         for (int e = 0; e < kSRegs; ++e) l_part[reg_row(e)] += p_val[e];
 
         kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(pb, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
-        if (j + 1 < num_tiles) kv.finish_issue((j + 1) % S::kStages);  // MXFP4's partial scale words, before the barrier
+        if (issues) kv.finish_issue((j + kAhead) % S::kStages);  // MXFP4's partial scale words, before the barrier
     }
     async_wait<0>();
 

@@ -41,38 +41,47 @@ constexpr bool decodes_into_fragments(int kv) {
 }
 
 // Shared-memory staging of KV tiles of N tokens in format KV, STAGES tiles
-// in flight, issued by the THREADS threads of a CTA. SWIZZLED stages them in
-// the warpgroup MMA's 128-byte-swizzled layout (see kSwizzled), else row by row.
+// in flight, issued by the THREADS threads of a CTA. SWIZZLED: the products
+// read a 128-byte-swizzled 16-bit tile in shared memory (see kSwizzled).
 template <int KV, int N, int STAGES, int THREADS = kThreads, bool SWIZZLED = false>
 struct KvTile {
     static constexpr bool kQuantized = KV != MLA_DTYPE_BF16;
     static constexpr int kRowBytes = KV == MLA_DTYPE_BF16 ? 1152 : KV == MLA_DTYPE_MXFP4 ? 288 : 576;
-    static constexpr int kRawLd = kRowBytes + 16;          // staging stride (bytes) of quantised rows
+    // Staging stride (bytes) of quantised rows: padded for the ldmatrix
+    // paths; unpadded for decode_to_swizzled, whose quarter warps read 64
+    // (fp8) or 32 (MXFP4) bytes of consecutive rows, conflict-free at 576 / 288.
+    static constexpr int kRawLd = kRowBytes + (SWIZZLED ? 0 : 16);
     static constexpr int kScaleLd = 24;                    // staged scale bytes per row (aligned words)
     static constexpr int kScaleWords = kScaleLd / 4;       // 18 bytes at any alignment span <= 6 words
     static constexpr int kStages = STAGES;
-    // 128-byte-swizzled staging (bf16 on attention_wgmma.cuh): the tile is
-    // cut into slabs of 64 dims (128 bytes a token); in slab c / 8 the 16-byte
-    // chunk c of token r sits at 128 r + 16 ((c % 8) ^ (r % 8)). The warpgroup
-    // products read K (K-major) and V^T (M-major) straight from it, with no
-    // decode; a quarter warp copying 8 chunks of a row writes 128 contiguous
-    // bytes (no bank conflicts) and reads a whole 128-byte line. Stages start
-    // at 1024-byte boundaries (the swizzle is a function of the address).
+    // The swizzled 16-bit operand tile of the warpgroup kernel: N tokens x
+    // 576 dims cut into slabs of 64 dims (128 bytes a token); in slab c / 8
+    // the 16-byte chunk c of token r sits at 128 r + 16 ((c % 8) ^ (r % 8)).
+    // The products read K (K-major) and V^T (M-major) straight from it. bf16
+    // stages are such tiles themselves (a quarter warp copying 8 chunks of a
+    // row writes 128 contiguous bytes, no bank conflicts, and reads a whole
+    // 128-byte line); quantised stages stay raw and each tile is decoded once
+    // into one operand tile, `converted` (decode_to_swizzled): K's and V's
+    // shared 512 dims are decoded once, not once per product. Operand tiles
+    // start at 1024-byte boundaries (the swizzle is a function of the address).
     static constexpr bool kSwizzled = SWIZZLED;
+    static constexpr bool kStageIsOperand = SWIZZLED && !kQuantized;
+    static constexpr bool kDecodesToSwizzled = SWIZZLED && kQuantized;
     static constexpr int kSlabBytes = N * 128;
-    static_assert(!SWIZZLED || (KV == MLA_DTYPE_BF16 && N % 8 == 0), "swizzled staging: bf16, 8-token atoms");
+    static constexpr int kOperandBytes = N * MLA_HEAD_DIM_QK * 2;
+    static constexpr int kOperandAlign = 1024;
+    static_assert(!SWIZZLED || N % 8 == 0, "swizzled tiles: 8-token atoms");
     // Bytes of the landing buffers (bf16: the bf16 tiles themselves).
-    static constexpr int kLandingBytes = kSwizzled ? kStages * N * kRowBytes
-                                         : kQuantized ? kStages * N * kRawLd
-                                                      : kStages * N * kKvLd * 2;
-    static constexpr int kLandingAlign = kSwizzled ? 1024 : 16;
+    static constexpr int kLandingBytes = kStageIsOperand ? kStages * N * kRowBytes
+                                         : kQuantized    ? kStages * N * kRawLd
+                                                         : kStages * N * kKvLd * 2;
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
-    static constexpr bool kFragmentDecode = decodes_into_fragments(KV);
-    static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
+    static constexpr bool kFragmentDecode = !SWIZZLED && decodes_into_fragments(KV);
+    static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode && !SWIZZLED;
     // attention.cuh stores MXFP4's deferred scale words (finish_issue) only on
     // its shared-memory decode path (the warpgroup kernel after every issue).
-    static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared, "MXFP4 needs finish_issue after each issue");
-    static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
+    static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared || SWIZZLED, "MXFP4 needs finish_issue after each issue");
+    static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : kDecodesToSwizzled ? kOperandBytes : 0;
     // bf16 row stride of the Q tile: with fragment decoding a lane reads
     // 8 bytes of Q rows g and g + 8 per MMA step, conflict-free when the
     // stride is 8 words modulo the 32 banks.
@@ -127,11 +136,11 @@ struct KvTile {
             const int32_t page = MLA_SHFL(my_page, i);
             const int64_t row = page < 0 ? -1 : (int64_t(page) << p.page_shift) + (tok & page_mask);
             const uint8_t *src = p.kv + (row < 0 ? 0 : row) * kRowBytes;
-            uint8_t *dst = landing + (kSwizzled ? size_t(stage) * N * kRowBytes + r * 128 : (size_t(stage) * N + r) * kLd);
+            uint8_t *dst = landing + (kStageIsOperand ? size_t(stage) * N * kRowBytes : (size_t(stage) * N + r) * kLd);
 #pragma unroll
             for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
                 const int ch = lane + k * MLA_WARP_SIZE;
-                const int at = kSwizzled ? (ch >> 3) * kSlabBytes + (((ch & 7) ^ (r & 7)) << 4) : ch * 16;
+                const int at = kStageIsOperand ? swizzled_chunk(r, ch) : ch * 16;
                 if (kChunks % MLA_WARP_SIZE == 0 || ch < kChunks) copy16_async(dst + at, src + ch * 16, row >= 0);
             }
             if (KV == MLA_DTYPE_MXFP4 && lane < kScaleWords) issue_scales(p, row, stage * N + r, lane, i);
@@ -227,9 +236,51 @@ struct KvTile {
         }
     }
 
-    // The first byte of stage `stage`.
-    __device__ const uint8_t *stage_bytes(int stage) const {
-        return landing + size_t(stage) * (kLandingBytes / kStages);
+    // Offset in an operand tile of 16-byte chunk `ch` (dims 8 ch..8 ch + 7) of token r.
+    __device__ static int swizzled_chunk(int r, int ch) { return (ch >> 3) * kSlabBytes + r * 128 + (((ch & 7) ^ (r & 7)) << 4); }
+
+    // The operand tile the warpgroup products read for stage `stage`.
+    __device__ const uint8_t *operand_tile(int stage) const {
+        return kStageIsOperand ? landing + size_t(stage) * (kLandingBytes / kStages)
+                               : reinterpret_cast<const uint8_t *>(converted);
+    }
+
+    // Quantised KV on the warpgroup kernel: decode raw stage `stage` into the
+    // operand tile (E4M3 as f16, exact; FNUZ and MXFP4 as bf16). Units of 8
+    // dims, one 16-byte chunk each: a quarter warp takes the 8 chunks of one
+    // token in one slab, so its stores fill 128 contiguous bytes. The caller
+    // fences (fence_proxy_async) and puts a barrier before the products.
+    __device__ void decode_to_swizzled(int stage) {
+        if constexpr (kDecodesToSwizzled) {
+            constexpr int kRowsPerPass = THREADS / 8, kPasses = N / kRowsPerPass;
+            constexpr int kUnitBytes = KV == MLA_DTYPE_MXFP4 ? 4 : 8;
+            static_assert(N % kRowsPerPass == 0, "whole passes over a slab");
+            const int cc = threadIdx.x & 7;  // chunk within the slab
+            uint8_t *tile = reinterpret_cast<uint8_t *>(converted);
+#pragma unroll
+            for (int it = 0; it < MLA_HEAD_DIM_QK / 64 * kPasses; ++it) {
+                const int slab = it / kPasses, r = (it % kPasses) * kRowsPerPass + int(threadIdx.x >> 3);
+                const int ch = slab * 8 + cc;
+                const uint8_t *src = landing + (size_t(stage) * N + r) * kRawLd + ch * kUnitBytes;
+                uint4 v;
+                if constexpr (KV == MLA_DTYPE_MXFP4) {
+                    const Bf16x8 d = e2m1x8_to_bf16x8(*reinterpret_cast<const uint32_t *>(src),
+                                                      scale_row(stage * N + r)[ch >> 2]);
+                    v = make_uint4(d.w[0], d.w[1], d.w[2], d.w[3]);
+                } else if constexpr (KV == MLA_DTYPE_FP8_E4M3) {
+                    const uint2 w = *reinterpret_cast<const uint2 *>(src);
+                    const F16x4 a = e4m3x4_to_f16x4(w.x), b = e4m3x4_to_f16x4(w.y);
+                    v = make_uint4(a.w[0], a.w[1], b.w[0], b.w[1]);
+                } else {
+                    const uint2 w = *reinterpret_cast<const uint2 *>(src);
+                    const Bf16x4 a = fp8x4_to_bf16x4<KV>(w.x), b = fp8x4_to_bf16x4<KV>(w.y);
+                    v = make_uint4(a.w[0], a.w[1], b.w[0], b.w[1]);
+                }
+                *reinterpret_cast<uint4 *>(tile + swizzled_chunk(r, ch)) = v;
+            }
+        } else {
+            (void)stage;
+        }
     }
 
     // The 18 block scales of staged row `slot`.
@@ -284,7 +335,12 @@ struct KvTile {
 
     // Operand type of the warpgroup products: f16 (else bf16).
     static constexpr bool kWgmmaF16 = KV == MLA_DTYPE_FP8_E4M3;
-    // The warpgroup products read K and V^T from the swizzled stage (bf16),
+#if defined(MLA_WGMMA_QK_CHAINS)
+    static constexpr int kQkChains = MLA_WGMMA_QK_CHAINS;
+#else
+    static constexpr int kQkChains = 4;
+#endif
+    // The warpgroup products read K and V^T from the swizzled operand tile,
     // else from A fragments decoded in registers (E4M3, MXFP4).
     static constexpr bool kWgmmaFromShared = kSwizzled;
 
@@ -310,15 +366,26 @@ struct KvTile {
                       "the warpgroup path: 64-token tiles, bf16 from shared memory or E4M3 / MXFP4 fragments");
         if constexpr (kWgmmaFromShared) {
             // K-major A: a 16-dim step is 32 bytes into a slab's rows (four a slab).
-            const uint64_t k_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
+            const uint64_t k_desc = Wgmma::desc_swizzled(operand_tile(stage), kSlabBytes);
+            // kQkChains independent accumulators (steps modulo kQkChains), so
+            // the tensor pipe is not serialised on one accumulator.
+            float part[kQkChains][ROWS / 2];
             Wgmma::fence();
 #pragma unroll
             for (int step = 0; step < MLA_HEAD_DIM_QK / 16; ++step)
-                Wgmma::mma_ss<ROWS, kWgmmaF16, false>(s, Wgmma::advance(k_desc, (step >> 2) * kSlabBytes + (step & 3) * 32),
-                                                      Wgmma::advance(q_desc, step * q_step), step > 0);
+                Wgmma::mma_ss<ROWS, kWgmmaF16, false>(part[step % kQkChains],
+                                                      Wgmma::advance(k_desc, (step >> 2) * kSlabBytes + (step & 3) * 32),
+                                                      Wgmma::advance(q_desc, step * q_step), step >= kQkChains);
             Wgmma::commit();
             Wgmma::wait<0>();
-            Wgmma::hold(s);
+#pragma unroll
+            for (int c = 0; c < kQkChains; ++c) Wgmma::hold(part[c]);
+#pragma unroll
+            for (int e = 0; e < ROWS / 2; ++e) {
+                s[e] = part[0][e];
+#pragma unroll
+                for (int c = 1; c < kQkChains; ++c) s[e] += part[c][e];
+            }
             return;
         }
         const QkSource src = qk_source(stage);
@@ -356,7 +423,7 @@ struct KvTile {
 #if defined(MLA_TILE_WGMMA)
         if constexpr (kWgmmaFromShared) {
             // M-major A (V^T): M block b is slab b, a 16-token k step 16 rows on.
-            const uint64_t v_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
+            const uint64_t v_desc = Wgmma::desc_swizzled(operand_tile(stage), kSlabBytes);
             Wgmma::fence();
 #pragma unroll
             for (int b = 0; b < MLA_HEAD_DIM_V / 64; ++b)
