@@ -162,32 +162,25 @@ MLA_HD Bf16x8 e2m1x8_to_bf16x8_unscaled(uint32_t codes) {
     return r;
 }
 
-// Eight E2M1 nibbles -> eight bf16, nibbles 0-3 times the E8M0 scale
-// 2^(e_lo - 127), nibbles 4-7 times 2^(e_hi - 127) (the warpgroup kernel's
-// transposed V fragments hold four elements of each of two tokens).
-MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e_lo, uint8_t e_hi) {
+// Eight E2M1 nibbles times one E8M0 scale 2^(e - 127) -> eight bf16.
+MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
     Bf16x8 r = e2m1x8_to_bf16x8_unscaled(codes);
 #if defined(MLA_HAVE_FMA_BF16X2)
     // Scales 2^-125 and up keep every nonzero result a normal number, where
     // the bf16 multiply is exact whatever the hardware does with subnormals;
     // 255 (NaN) is the bf16 NaN. Only e = 0, 1 take the float path below.
-    if (e_lo >= 2 && e_hi >= 2) {
-        const uint32_t s_lo = e_lo == 0xffu ? 0x7fc0u : uint32_t(e_lo) << 7;
-        const uint32_t s_hi = e_hi == 0xffu ? 0x7fc0u : uint32_t(e_hi) << 7;
-        const uint32_t scale_lo = s_lo | (s_lo << 16), scale_hi = s_hi | (s_hi << 16), neg_zero2 = 0x80008000u;
+    if (e >= 2) {
+        const uint32_t s = e == 0xffu ? 0x7fc0u : uint32_t(e) << 7;
+        const uint32_t scale = s | (s << 16), neg_zero2 = 0x80008000u;
         for (int i = 0; i < 4; ++i)
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(i < 2 ? scale_lo : scale_hi), "r"(neg_zero2));
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(scale), "r"(neg_zero2));
         return r;
     }
 #endif
-    for (int i = 0; i < 4; ++i) {
-        const float scale = e8m0_to_float(i < 2 ? e_lo : e_hi);
+    const float scale = e8m0_to_float(e);
+    for (int i = 0; i < 4; ++i)
         r.w[i] = pack_exact_bf16x2(bits_to_float(r.w[i] << 16) * scale, bits_to_float(r.w[i] & 0xffff0000u) * scale);
-    }
     return r;
 }
-
-// Eight E2M1 nibbles times one E8M0 scale 2^(e - 127) -> eight bf16.
-MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) { return e2m1x8_to_bf16x8(codes, e, e); }
 
 }  // namespace mla

@@ -1,19 +1,22 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
-// items of 16 query rows (16 heads at q_len 1: the decode shapes of
-// serving), every KV format.
+// items of 16 query rows (16 heads at q_len 1: the decode shapes of serving)
+// with bf16 or OCP E4M3 KV.
 // One CTA is one warpgroup and one work item, as in attention.cuh, but the
 // products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
 // the tile's 64 tokens on the M = 64 of the wgmma and the 16 rows on its N,
 // so nothing is padded; Q and P are the B operands in shared memory. bf16 K
-// and V^T are A operands read straight from the stage (core-matrix layout:
-// no decode at all, one CTA per SM); E4M3 and MXFP4 K and V are decoded from
-// the raw stage into A fragments in registers (two CTAs per SM).
+// and V^T are A operands read straight from the stage (128-byte-swizzled:
+// no decode; one CTA per SM, a 74 KB tile in flight while one is computed).
+// E4M3 K and V are decoded from the raw stage into A fragments in registers
+// (two CTAs per SM). (E4M3 and MXFP4 decoded once per tile into a swizzled
+// 16-bit operand tile, and MXFP4 decoded into fragments, were correct but
+// slower on the H200: docs/performance.md, v8 and v9.)
 //
 // E4M3's operands are f16, not bf16: E4M3 -> f16 is one cvt per pair (bf16
-// takes four instructions) and exact. bf16's and MXFP4's are bf16 (MXFP4's
-// E8M0 scales need its range), with Q and P as bf16. For E4M3, Q is staged as f16 times a power of two
-// that puts the item's largest |q| in [2^14, 2^15) (exact for bf16 and fp8
-// Q; the factor is taken out of the scores again). The softmax runs on the
+// takes four instructions) and exact. Q is staged as f16 times a power of
+// two that puts the item's largest |q| in [2^14, 2^15) (exact for bf16 and
+// fp8 Q; the factor is taken out of the scores again). bf16 KV takes Q and P
+// as bf16. The softmax runs on the
 // S^T accumulators in registers; its reference maximum moves only when a
 // score exceeds it by more than kRescaleLog2, and P is stored as
 // 2^(s - reference + kPOffsetLog2), at most 2^15, with f16's flush below
@@ -31,12 +34,10 @@
 namespace mla {
 namespace gpu {
 
-// Whether the (rows, kv) specialisation runs this kernel instead of
-// attention.cuh's: 16-row items of every KV format.
+// Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
 constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
-    (void)kv;
-    return rows == 16;
+    return rows == 16 && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16);
 #else
     (void)rows, (void)kv;
     return false;
@@ -51,12 +52,11 @@ struct WgmmaShape {
     static constexpr int kThreads = 128;
     static constexpr int kWarps = kThreads / 32;
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
-    // Tiles in flight: kStages - 1 load while one is computed, about 74 KB a
-    // CTA (one CTA per SM): bf16 stages are the operand tiles (74 KB each),
-    // quantised ones raw tiles (37 KB fp8, 20 KB MXFP4) beside one decoded
-    // operand tile.
-    static constexpr int kStages = KV == MLA_DTYPE_BF16 ? 2 : KV == MLA_DTYPE_MXFP4 ? 5 : 3;
-    using Kv = KvTile<KV, N, kStages, kThreads, true>;
+    static constexpr int kStages = 2;     // tile j + 1 loads while tile j is computed
+    // bf16 stages swizzled, read by the products straight from shared
+    // memory; E4M3 stages raw rows, decoded into A fragments.
+    using Kv = KvTile<KV, N, kStages, kThreads, KV == MLA_DTYPE_BF16>;
+    static_assert(!uses_wgmma(ROWS, KV) || Kv::kScaleBytes == 0, "no block scales (MXFP4) on this kernel");
     static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
     static constexpr int kRowsPerThread = ROWS / 4;          // query rows 8i + 2t + c of a lane
     static constexpr int kOBlocks = MLA_HEAD_DIM_V / 64;     // M blocks of O^T
@@ -69,8 +69,11 @@ struct WgmmaShape {
     static constexpr int kRedBytes = kWarps * ROWS * 4;      // per-warp row maxima / sums
     static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
     static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
-    static constexpr int kSmemBytes = Kv::kConvertedBytes + Kv::kLandingBytes + Kv::kScaleBytes + kQBytes +
-                                      2 * kPBytes + kRedBytes + kStatBytes + Kv::kRowMetaBytes + Kv::kOperandAlign - 16;
+    static constexpr int kSmemBytes =
+        Kv::kLandingBytes + kQBytes + 2 * kPBytes + kRedBytes + kStatBytes + Kv::kLandingAlign - 16;
+    // Two CTAs per SM where they fit (one's copies and barriers overlap the
+    // other's math): E4M3. bf16's two 74 KB stages fit one; its warps only
+    // issue copies and wgmmas, so one tile in flight per SM streams.
     static constexpr int kMinBlocksPerSm = 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
     static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16, "wgmma shapes: m64n16k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
@@ -181,17 +184,15 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const WorkItem w = p.items[blockIdx.x];
 
     MLA_DYNAMIC_SMEM(uint8_t, smem);
-    uint8_t *cursor = smem;  // (16-byte aligned: the operand tiles first, at their alignment)
-    cursor += (Kv::kOperandAlign - Wgmma::shared_address(cursor) % Kv::kOperandAlign) % Kv::kOperandAlign;
+    uint8_t *cursor = smem;  // (16-byte aligned; the stages first, at their alignment)
+    cursor += (Kv::kLandingAlign - Wgmma::shared_address(cursor) % Kv::kLandingAlign) % Kv::kLandingAlign;
     Kv kv;
-    kv.converted = reinterpret_cast<uint16_t *>(cursor); cursor += Kv::kConvertedBytes;
     kv.landing = cursor; cursor += Kv::kLandingBytes;
     uint8_t *qs = cursor; cursor += S::kQBytes;
-    kv.scales = cursor; cursor += Kv::kScaleBytes;
+    kv.scales = nullptr, kv.converted = nullptr, kv.scale_shift = nullptr;  // (MXFP4, shared-memory decode)
     uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
     float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
     float *row_lse = reinterpret_cast<float *>(cursor); cursor += S::kStatBytes;
-    kv.scale_shift = cursor;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int h0 = w.head_block * p.heads_per_block;
@@ -199,15 +200,8 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int rows_valid = w.q_len * heads;
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
 
-    constexpr int kAhead = S::kStages - 1;  // tiles issued ahead of the one computed
-#pragma unroll
-    for (int t = 0; t < kAhead; ++t) {
-        if (t < num_tiles) {
-            kv.issue(p, w, w.kv_begin + t * N, t);
-            kv.finish_issue(t);
-        }
-        async_commit();  // one group per tile, empty or not: the waits count groups
-    }
+    if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
+    async_commit();
     const float q_unscale = load_q_wgmma<Kv, ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
 
     // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
@@ -232,17 +226,11 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
-        const bool issues = j + kAhead < num_tiles;
-        async_wait<kAhead - 1>();  // tile j has landed
-        if (Kv::kStageIsOperand) fence_proxy_async();  // ... and is visible to the wgmmas that read it
+        async_wait<0>();  // tile j has landed
+        if (Kv::kWgmmaFromShared) fence_proxy_async();  // ... and is visible to the wgmmas that read it
         __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
-        if (issues) kv.issue(p, w, t0 + kAhead * N, (j + kAhead) % S::kStages);  // into tile j - 1's stage
+        if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
         async_commit();
-        if (Kv::kDecodesToSwizzled) {  // tile j - 1's products are complete: its operand tile is free
-            kv.decode_to_swizzled(stage);
-            fence_proxy_async();
-            __syncthreads();
-        }
 
         float s_acc[kSRegs];
         kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage);
@@ -312,7 +300,6 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         for (int e = 0; e < kSRegs; ++e) l_part[reg_row(e)] += p_val[e];
 
         kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(pb, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
-        if (issues) kv.finish_issue((j + kAhead) % S::kStages);  // MXFP4's partial scale words, before the barrier
     }
     async_wait<0>();
 

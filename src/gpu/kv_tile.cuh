@@ -14,7 +14,8 @@
 // E2M1 decoding costs ~3 integer instructions an element, and fragments
 // decode K's first 512 dims twice (once as K, once as V), which made MXFP4
 // 1.5x slower there on the H200 (docs/performance.md, v6). The warpgroup
-// products (below) decode E4M3 and MXFP4 into fragments.
+// products (below) read bf16 straight from a swizzled stage and decode E4M3
+// into fragments.
 #pragma once
 
 #include <type_traits>
@@ -41,47 +42,38 @@ constexpr bool decodes_into_fragments(int kv) {
 }
 
 // Shared-memory staging of KV tiles of N tokens in format KV, STAGES tiles
-// in flight, issued by the THREADS threads of a CTA. SWIZZLED: the products
-// read a 128-byte-swizzled 16-bit tile in shared memory (see kSwizzled).
+// in flight, issued by the THREADS threads of a CTA. SWIZZLED stages them in
+// the warpgroup MMA's 128-byte-swizzled layout (see kSwizzled), else row by row.
 template <int KV, int N, int STAGES, int THREADS = kThreads, bool SWIZZLED = false>
 struct KvTile {
     static constexpr bool kQuantized = KV != MLA_DTYPE_BF16;
     static constexpr int kRowBytes = KV == MLA_DTYPE_BF16 ? 1152 : KV == MLA_DTYPE_MXFP4 ? 288 : 576;
-    // Staging stride (bytes) of quantised rows: padded for the ldmatrix
-    // paths; unpadded for decode_to_swizzled, whose quarter warps read 64
-    // (fp8) or 32 (MXFP4) bytes of consecutive rows, conflict-free at 576 / 288.
-    static constexpr int kRawLd = kRowBytes + (SWIZZLED ? 0 : 16);
+    static constexpr int kRawLd = kRowBytes + 16;          // staging stride (bytes) of quantised rows
     static constexpr int kScaleLd = 24;                    // staged scale bytes per row (aligned words)
     static constexpr int kScaleWords = kScaleLd / 4;       // 18 bytes at any alignment span <= 6 words
     static constexpr int kStages = STAGES;
-    // The swizzled 16-bit operand tile of the warpgroup kernel: N tokens x
-    // 576 dims cut into slabs of 64 dims (128 bytes a token); in slab c / 8
-    // the 16-byte chunk c of token r sits at 128 r + 16 ((c % 8) ^ (r % 8)).
-    // The products read K (K-major) and V^T (M-major) straight from it. bf16
-    // stages are such tiles themselves (a quarter warp copying 8 chunks of a
-    // row writes 128 contiguous bytes, no bank conflicts, and reads a whole
-    // 128-byte line); quantised stages stay raw and each tile is decoded once
-    // into one operand tile, `converted` (decode_to_swizzled): K's and V's
-    // shared 512 dims are decoded once, not once per product. Operand tiles
-    // start at 1024-byte boundaries (the swizzle is a function of the address).
+    // 128-byte-swizzled staging (bf16 on attention_wgmma.cuh): the tile is
+    // cut into slabs of 64 dims (128 bytes a token); in slab c / 8 the 16-byte
+    // chunk c of token r sits at 128 r + 16 ((c % 8) ^ (r % 8)). The warpgroup
+    // products read K (K-major) and V^T (M-major) straight from it, with no
+    // decode; a quarter warp copying 8 chunks of a row writes 128 contiguous
+    // bytes (no bank conflicts) and reads a whole 128-byte line. Stages start
+    // at 1024-byte boundaries (the swizzle is a function of the address).
     static constexpr bool kSwizzled = SWIZZLED;
-    static constexpr bool kStageIsOperand = SWIZZLED && !kQuantized;
-    static constexpr bool kDecodesToSwizzled = SWIZZLED && kQuantized;
     static constexpr int kSlabBytes = N * 128;
-    static constexpr int kOperandBytes = N * MLA_HEAD_DIM_QK * 2;
-    static constexpr int kOperandAlign = 1024;
-    static_assert(!SWIZZLED || N % 8 == 0, "swizzled tiles: 8-token atoms");
+    static_assert(!SWIZZLED || (KV == MLA_DTYPE_BF16 && N % 8 == 0), "swizzled staging: bf16, 8-token atoms");
     // Bytes of the landing buffers (bf16: the bf16 tiles themselves).
-    static constexpr int kLandingBytes = kStageIsOperand ? kStages * N * kRowBytes
-                                         : kQuantized    ? kStages * N * kRawLd
-                                                         : kStages * N * kKvLd * 2;
+    static constexpr int kLandingBytes = kSwizzled ? kStages * N * kRowBytes
+                                         : kQuantized ? kStages * N * kRawLd
+                                                      : kStages * N * kKvLd * 2;
+    static constexpr int kLandingAlign = kSwizzled ? 1024 : 16;
     static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
-    static constexpr bool kFragmentDecode = !SWIZZLED && decodes_into_fragments(KV);
-    static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode && !SWIZZLED;
+    static constexpr bool kFragmentDecode = decodes_into_fragments(KV);
+    static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
     // attention.cuh stores MXFP4's deferred scale words (finish_issue) only on
-    // its shared-memory decode path (the warpgroup kernel after every issue).
-    static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared || SWIZZLED, "MXFP4 needs finish_issue after each issue");
-    static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : kDecodesToSwizzled ? kOperandBytes : 0;
+    // its shared-memory decode path.
+    static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared, "MXFP4 needs finish_issue after each issue");
+    static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
     // bf16 row stride of the Q tile: with fragment decoding a lane reads
     // 8 bytes of Q rows g and g + 8 per MMA step, conflict-free when the
     // stride is 8 words modulo the 32 banks.
@@ -114,7 +106,7 @@ struct KvTile {
     uint32_t part8[kRowsPerWarp];   // the byte
     uint32_t part16[kRowsPerWarp];  // the half word
     // 4 bits per row: pending, half word at byte 2, byte position (2 bits);
-    // 64 bits where a warp issues more than 8 rows (the warpgroup kernel's 16).
+    // 64 bits where a warp issues more than 8 rows.
     using PartDesc = typename std::conditional<(kRowsPerWarp > 8), uint64_t, uint32_t>::type;
     PartDesc part_desc;
 
@@ -136,11 +128,11 @@ struct KvTile {
             const int32_t page = MLA_SHFL(my_page, i);
             const int64_t row = page < 0 ? -1 : (int64_t(page) << p.page_shift) + (tok & page_mask);
             const uint8_t *src = p.kv + (row < 0 ? 0 : row) * kRowBytes;
-            uint8_t *dst = landing + (kStageIsOperand ? size_t(stage) * N * kRowBytes : (size_t(stage) * N + r) * kLd);
+            uint8_t *dst = landing + (kSwizzled ? size_t(stage) * N * kRowBytes + r * 128 : (size_t(stage) * N + r) * kLd);
 #pragma unroll
             for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
                 const int ch = lane + k * MLA_WARP_SIZE;
-                const int at = kStageIsOperand ? swizzled_chunk(r, ch) : ch * 16;
+                const int at = kSwizzled ? (ch >> 3) * kSlabBytes + (((ch & 7) ^ (r & 7)) << 4) : ch * 16;
                 if (kChunks % MLA_WARP_SIZE == 0 || ch < kChunks) copy16_async(dst + at, src + ch * 16, row >= 0);
             }
             if (KV == MLA_DTYPE_MXFP4 && lane < kScaleWords) issue_scales(p, row, stage * N + r, lane, i);
@@ -236,51 +228,9 @@ struct KvTile {
         }
     }
 
-    // Offset in an operand tile of 16-byte chunk `ch` (dims 8 ch..8 ch + 7) of token r.
-    __device__ static int swizzled_chunk(int r, int ch) { return (ch >> 3) * kSlabBytes + r * 128 + (((ch & 7) ^ (r & 7)) << 4); }
-
-    // The operand tile the warpgroup products read for stage `stage`.
-    __device__ const uint8_t *operand_tile(int stage) const {
-        return kStageIsOperand ? landing + size_t(stage) * (kLandingBytes / kStages)
-                               : reinterpret_cast<const uint8_t *>(converted);
-    }
-
-    // Quantised KV on the warpgroup kernel: decode raw stage `stage` into the
-    // operand tile (E4M3 as f16, exact; FNUZ and MXFP4 as bf16). Units of 8
-    // dims, one 16-byte chunk each: a quarter warp takes the 8 chunks of one
-    // token in one slab, so its stores fill 128 contiguous bytes. The caller
-    // fences (fence_proxy_async) and puts a barrier before the products.
-    __device__ void decode_to_swizzled(int stage) {
-        if constexpr (kDecodesToSwizzled) {
-            constexpr int kRowsPerPass = THREADS / 8, kPasses = N / kRowsPerPass;
-            constexpr int kUnitBytes = KV == MLA_DTYPE_MXFP4 ? 4 : 8;
-            static_assert(N % kRowsPerPass == 0, "whole passes over a slab");
-            const int cc = threadIdx.x & 7;  // chunk within the slab
-            uint8_t *tile = reinterpret_cast<uint8_t *>(converted);
-#pragma unroll
-            for (int it = 0; it < MLA_HEAD_DIM_QK / 64 * kPasses; ++it) {
-                const int slab = it / kPasses, r = (it % kPasses) * kRowsPerPass + int(threadIdx.x >> 3);
-                const int ch = slab * 8 + cc;
-                const uint8_t *src = landing + (size_t(stage) * N + r) * kRawLd + ch * kUnitBytes;
-                uint4 v;
-                if constexpr (KV == MLA_DTYPE_MXFP4) {
-                    const Bf16x8 d = e2m1x8_to_bf16x8(*reinterpret_cast<const uint32_t *>(src),
-                                                      scale_row(stage * N + r)[ch >> 2]);
-                    v = make_uint4(d.w[0], d.w[1], d.w[2], d.w[3]);
-                } else if constexpr (KV == MLA_DTYPE_FP8_E4M3) {
-                    const uint2 w = *reinterpret_cast<const uint2 *>(src);
-                    const F16x4 a = e4m3x4_to_f16x4(w.x), b = e4m3x4_to_f16x4(w.y);
-                    v = make_uint4(a.w[0], a.w[1], b.w[0], b.w[1]);
-                } else {
-                    const uint2 w = *reinterpret_cast<const uint2 *>(src);
-                    const Bf16x4 a = fp8x4_to_bf16x4<KV>(w.x), b = fp8x4_to_bf16x4<KV>(w.y);
-                    v = make_uint4(a.w[0], a.w[1], b.w[0], b.w[1]);
-                }
-                *reinterpret_cast<uint4 *>(tile + swizzled_chunk(r, ch)) = v;
-            }
-        } else {
-            (void)stage;
-        }
+    // The first byte of stage `stage`.
+    __device__ const uint8_t *stage_bytes(int stage) const {
+        return landing + size_t(stage) * (kLandingBytes / kStages);
     }
 
     // The 18 block scales of staged row `slot`.
@@ -325,23 +275,17 @@ struct KvTile {
     // ---- The products on the warpgroup MMA (attention_wgmma.cuh) ----------
     // Transposed: S^T = K Q^T and O^T += V^T P^T, so the tile's 64 tokens and
     // V's dims are the M = 64 of each wgmma and the item's ROWS query rows
-    // its N. Warp w supplies A rows 16w..16w+15, decoded from the raw stage
-    // into fragments by ldmatrix tricks: in S^T the reduction order inside
-    // each 32-dim block is permuted (Q is staged to match, wgmma_q_word), in
-    // O^T the dims of the rows are permuted (wgmma_pv_dim). E4M3 codes become
-    // f16 (one cvt a pair; Q and P are f16 too); MXFP4 codes become bf16
-    // (its E8M0 scales span bf16's range, not f16's), scaled per token and
-    // block.
+    // its N. Warp w supplies A rows 16w..16w+15. bf16 A operands are read
+    // straight from the swizzled stage. E4M3 ones are decoded from the raw
+    // stage into fragments by ldmatrix tricks: in S^T the reduction order
+    // inside each 16-dim step is permuted (Q is staged to match,
+    // wgmma_q_word), in O^T the dims of the rows are permuted (wgmma_pv_dim);
+    // the codes become f16 (one cvt a pair; Q and P are f16 too).
 
     // Operand type of the warpgroup products: f16 (else bf16).
     static constexpr bool kWgmmaF16 = KV == MLA_DTYPE_FP8_E4M3;
-#if defined(MLA_WGMMA_QK_CHAINS)
-    static constexpr int kQkChains = MLA_WGMMA_QK_CHAINS;
-#else
-    static constexpr int kQkChains = 4;
-#endif
-    // The warpgroup products read K and V^T from the swizzled operand tile,
-    // else from A fragments decoded in registers (E4M3, MXFP4).
+    // The warpgroup products read K and V^T from the swizzled stage (bf16),
+    // else from A fragments decoded in registers (E4M3).
     static constexpr bool kWgmmaFromShared = kSwizzled;
 
     // The bf16 pair (word) of a 32-dim block of Q, 0..15, that goes to word i
@@ -349,11 +293,8 @@ struct KvTile {
     // in the reduction order of the K fragments of wgmma_qk.
     __device__ static int wgmma_q_word(int s, int chunk, int i) {
         // K from shared memory: dims in order. E4M3: a lane's 4 dims 4t..4t+3
-        // of a step are k 2t, 2t + 1, 2t + 8, 2t + 9; MXFP4: its 8 dims
-        // 8t..8t+7 of a block are those k of steps 0 and 1.
-        return kWgmmaFromShared ? 8 * s + 4 * chunk + i
-               : KV == MLA_DTYPE_MXFP4 ? 2 * s + 4 * i + chunk
-                                       : 8 * s + 2 * i + chunk;
+        // of a step are k 2t, 2t + 1, 2t + 8, 2t + 9.
+        return kWgmmaFromShared ? 8 * s + 4 * chunk + i : 8 * s + 2 * i + chunk;
     }
 
     // s[64 x ROWS] = K Q^T on stage `stage`: warp w has rows = tokens
@@ -362,33 +303,22 @@ struct KvTile {
     template <int ROWS>
     __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
-        static_assert((KV == MLA_DTYPE_FP8_E4M3 || KV == MLA_DTYPE_MXFP4 || kWgmmaFromShared) && N == 64,
-                      "the warpgroup path: 64-token tiles, bf16 from shared memory or E4M3 / MXFP4 fragments");
+        static_assert((KV == MLA_DTYPE_FP8_E4M3 || kWgmmaFromShared) && N == 64,
+                      "the warpgroup path: 64-token tiles, bf16 from shared memory or E4M3 fragments");
         if constexpr (kWgmmaFromShared) {
             // K-major A: a 16-dim step is 32 bytes into a slab's rows (four a slab).
-            const uint64_t k_desc = Wgmma::desc_swizzled(operand_tile(stage), kSlabBytes);
-            // kQkChains independent accumulators (steps modulo kQkChains), so
-            // the tensor pipe is not serialised on one accumulator.
-            float part[kQkChains][ROWS / 2];
+            const uint64_t k_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
             Wgmma::fence();
 #pragma unroll
             for (int step = 0; step < MLA_HEAD_DIM_QK / 16; ++step)
-                Wgmma::mma_ss<ROWS, kWgmmaF16, false>(part[step % kQkChains],
-                                                      Wgmma::advance(k_desc, (step >> 2) * kSlabBytes + (step & 3) * 32),
-                                                      Wgmma::advance(q_desc, step * q_step), step >= kQkChains);
+                Wgmma::mma_ss<ROWS, kWgmmaF16, false>(s, Wgmma::advance(k_desc, (step >> 2) * kSlabBytes + (step & 3) * 32),
+                                                      Wgmma::advance(q_desc, step * q_step), step > 0);
             Wgmma::commit();
             Wgmma::wait<0>();
-#pragma unroll
-            for (int c = 0; c < kQkChains; ++c) Wgmma::hold(part[c]);
-#pragma unroll
-            for (int e = 0; e < ROWS / 2; ++e) {
-                s[e] = part[0][e];
-#pragma unroll
-                for (int c = 1; c < kQkChains; ++c) s[e] += part[c][e];
-            }
+            Wgmma::hold(s);
             return;
         }
-        const QkSource src = qk_source(stage);
+        const uint8_t *src = qk_source(stage);
         // Commit groups of four 16-dim steps, two in flight (finer groups
         // measured slower on the H200: more fences and waits per tile).
         constexpr int kGroups = MLA_HEAD_DIM_QK / 64;
@@ -423,7 +353,7 @@ struct KvTile {
 #if defined(MLA_TILE_WGMMA)
         if constexpr (kWgmmaFromShared) {
             // M-major A (V^T): M block b is slab b, a 16-token k step 16 rows on.
-            const uint64_t v_desc = Wgmma::desc_swizzled(operand_tile(stage), kSlabBytes);
+            const uint64_t v_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
             Wgmma::fence();
 #pragma unroll
             for (int b = 0; b < MLA_HEAD_DIM_V / 64; ++b)
@@ -437,21 +367,18 @@ struct KvTile {
             for (int b = 0; b < MLA_HEAD_DIM_V / 64; ++b) Wgmma::hold(o[b]);
             return;
         }
-        const PvSource src = pv_source(stage);
-        // A commit group per kPvBlocks M blocks (dims), two groups in flight.
-        constexpr int kGroups = MLA_HEAD_DIM_V / 64 / kPvBlocks;
-        uint32_t a[2][kPvBlocks][4][4];  // [group & 1][M block of the group][k step][reg]
+        const uint8_t *src = pv_source(stage);
+        // A commit group per M block (64 dims), two groups in flight.
+        constexpr int kGroups = MLA_HEAD_DIM_V / 64;
+        uint32_t a[2][4][4];  // [group & 1][k step][reg]
 #pragma unroll
         for (int gr = 0; gr < kGroups; ++gr) {
-            uint32_t(&f)[kPvBlocks][4][4] = a[gr & 1];
+            uint32_t(&f)[4][4] = a[gr & 1];
             if (gr >= 2) Wgmma::wait<1>();
             pv_group_fragments(f, src, gr);
             Wgmma::fence();
 #pragma unroll
-            for (int u = 0; u < kPvBlocks; ++u)
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    Wgmma::mma<ROWS, kWgmmaF16>(o[kPvBlocks * gr + u], f[u][k], Wgmma::advance(p_desc, k * p_step), true);
+            for (int k = 0; k < 4; ++k) Wgmma::mma<ROWS, kWgmmaF16>(o[gr], f[k], Wgmma::advance(p_desc, k * p_step), true);
             Wgmma::commit();
         }
         Wgmma::wait<0>();
@@ -460,9 +387,7 @@ struct KvTile {
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int u = 0; u < kPvBlocks; ++u)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) Wgmma::hold(a[b][u][k]);
+            for (int k = 0; k < 4; ++k) Wgmma::hold(a[b][k]);
 #endif
     }
 
@@ -471,132 +396,57 @@ struct KvTile {
     __device__ static int wgmma_pv_dim(int b, int warp, int lane, int e) {
         if (kWgmmaFromShared)  // dims in order: A row 16w + g (+ 8)
             return 64 * b + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
-        if (KV == MLA_DTYPE_MXFP4)  // block 4 (b / 2) + warp, dims 4g + 2 (b & 1) (row g) and + 1 (row g + 8)
-            return 32 * (4 * (b >> 1) + warp) + 4 * (lane >> 2) + 2 * (b & 1) + ((e >> 1) & 1);
         return 64 * b + 16 * warp + 2 * (lane >> 2) + ((e >> 1) & 1);
     }
 
   private:
 #if defined(MLA_TILE_WGMMA)
-    // What a lane reads for the A fragments of S^T on one stage: its
-    // ldmatrix row address, and for MXFP4 the scale rows of its tokens g, g + 8.
-    struct QkSource {
-        const uint8_t *row;
-        const uint8_t *scale_g, *scale_g8;
-    };
-    __device__ QkSource qk_source(int stage) const {
-        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2;
-        // ldmatrix.x4 rows: tokens 16w + (0..7 | 8..15) at bytes +0 | +16 of 32 bytes.
-        const int slot = stage * N + 16 * warp;
-        QkSource q{landing + size_t(slot + (lane & 15)) * kRawLd + (lane >> 4) * 16, nullptr, nullptr};
-        if (KV == MLA_DTYPE_MXFP4) q.scale_g = scale_row(slot + g), q.scale_g8 = scale_row(slot + g + 8);
-        return q;
+    // A lane's ldmatrix row address for the A fragments of S^T on one stage:
+    // tokens 16w + (0..7 | 8..15) at bytes +0 | +16 of 32 bytes.
+    __device__ const uint8_t *qk_source(int stage) const {
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        return landing + size_t(stage * N + 16 * warp + (lane & 15)) * kRawLd + (lane >> 4) * 16;
     }
 
     // The A fragments of commit group gr of S^T: 16-dim steps 4gr..4gr+3.
-    __device__ void qk_group_fragments(uint32_t (&f)[4][4], const QkSource &src, int gr) const {
-        if constexpr (KV == MLA_DTYPE_MXFP4) {
-            // 32 bytes = blocks 2gr, 2gr + 1 (one E8M0 scale each): matrices 0, 1
-            // are block 2gr's A rows g, g + 8, 2, 3 block 2gr + 1's; a lane gets
-            // dims 8t..8t+7 of its token in a block, and step s of the block is
-            // dims 8t + 4s .. 8t + 4s + 3 (k 2t, 2t + 1, 2t + 8, 2t + 9).
+    // Two 32-byte loads, each two steps: matrices 0, 1 are step 2q's A rows
+    // g, g + 8 and 2, 3 step 2q + 1's; a lane gets dims 4t..4t+3.
+    __device__ void qk_group_fragments(uint32_t (&f)[4][4], const uint8_t *src, int gr) const {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
             uint32_t r[4];
-            Tile::ldsm_x4(r, src.row + gr * 32);
-            const Bf16x8 d0 = e2m1x8_to_bf16x8(r[0], src.scale_g[2 * gr]);
-            const Bf16x8 d1 = e2m1x8_to_bf16x8(r[1], src.scale_g8[2 * gr]);
-            const Bf16x8 d2 = e2m1x8_to_bf16x8(r[2], src.scale_g[2 * gr + 1]);
-            const Bf16x8 d3 = e2m1x8_to_bf16x8(r[3], src.scale_g8[2 * gr + 1]);
-#pragma unroll
-            for (int st = 0; st < 2; ++st) {
-                f[st][0] = d0.w[2 * st], f[st][1] = d1.w[2 * st], f[st][2] = d0.w[2 * st + 1], f[st][3] = d1.w[2 * st + 1];
-                f[2 + st][0] = d2.w[2 * st], f[2 + st][1] = d3.w[2 * st];
-                f[2 + st][2] = d2.w[2 * st + 1], f[2 + st][3] = d3.w[2 * st + 1];
-            }
-        } else {
-            // Two 32-byte loads, each two steps: matrices 0, 1 are step 2q's A
-            // rows g, g + 8 and 2, 3 step 2q + 1's; a lane gets dims 4t..4t+3.
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                uint32_t r[4];
-                Tile::ldsm_x4(r, src.row + (2 * gr + q) * 32);
-                const F16x4 v0 = e4m3x4_to_f16x4(r[0]), v1 = e4m3x4_to_f16x4(r[1]);
-                const F16x4 v2 = e4m3x4_to_f16x4(r[2]), v3 = e4m3x4_to_f16x4(r[3]);
-                f[2 * q][0] = v0.w[0], f[2 * q][1] = v1.w[0], f[2 * q][2] = v0.w[1], f[2 * q][3] = v1.w[1];
-                f[2 * q + 1][0] = v2.w[0], f[2 * q + 1][1] = v3.w[0], f[2 * q + 1][2] = v2.w[1], f[2 * q + 1][3] = v3.w[1];
-            }
+            Tile::ldsm_x4(r, src + (2 * gr + q) * 32);
+            const F16x4 v0 = e4m3x4_to_f16x4(r[0]), v1 = e4m3x4_to_f16x4(r[1]);
+            const F16x4 v2 = e4m3x4_to_f16x4(r[2]), v3 = e4m3x4_to_f16x4(r[3]);
+            f[2 * q][0] = v0.w[0], f[2 * q][1] = v1.w[0], f[2 * q][2] = v0.w[1], f[2 * q][3] = v1.w[1];
+            f[2 * q + 1][0] = v2.w[0], f[2 * q + 1][1] = v3.w[0], f[2 * q + 1][2] = v2.w[1], f[2 * q + 1][3] = v3.w[1];
         }
     }
 
-    // M blocks of O^T (64 dims each) one commit group's fragments feed: an
-    // MXFP4 lane decodes whole 32-dim blocks, which span two.
-    static constexpr int kPvBlocks = KV == MLA_DTYPE_MXFP4 ? 2 : 1;
-
-    // What a lane reads for the A fragments of O^T on one stage: its
-    // ldmatrix.x4.trans row address (tokens 32h + lane), and for MXFP4 the
-    // byte offsets in `scales` of the scale rows of its tokens 32h + 8m + 2t
-    // and + 1.
-    struct PvSource {
-        const uint8_t *row;
-        int scale_at[2][4][2];
-    };
-    __device__ PvSource pv_source(int stage) const {
-        const int lane = threadIdx.x & 31, t = lane & 3;
-        PvSource v{};
-        v.row = landing + size_t(stage * N + lane) * kRawLd;
-        if (KV == MLA_DTYPE_MXFP4)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int m = 0; m < 4; ++m)
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) {
-                        const int slot = stage * N + 32 * h + 8 * m + 2 * t + k;
-                        v.scale_at[h][m][k] = slot * kScaleLd + scale_shift[slot];
-                    }
-        return v;
+    // A lane's ldmatrix.x4.trans row address for the A fragments of O^T on
+    // one stage: tokens 32h + lane.
+    __device__ const uint8_t *pv_source(int stage) const {
+        return landing + size_t(stage * N + (threadIdx.x & 31)) * kRawLd;
     }
 
-    // The A fragments of commit group gr of O^T: M blocks kPvBlocks gr + u,
-    // 4 k steps of 16 tokens. Matrix m of an ldmatrix.x4.trans at tokens 32h
+    // The A fragments of commit group gr of O^T: M block gr, 4 k steps of 16
+    // tokens. Matrix m of an ldmatrix.x4.trans at tokens 32h
     // is tokens 32h + 8m..8m+7, and a lane gets one 16-bit column of them for
     // tokens 32h + 8m + 2t, 2t + 1: k 2t, 2t + 1 of k step 2h + m / 2 (+ 8
     // for odd m).
-    __device__ void pv_group_fragments(uint32_t (&f)[kPvBlocks][4][4], const PvSource &src, int gr) const {
+    // 16 bytes at dim 64 gr + 16w: a lane gets dims 2g, 2g + 1 of two tokens,
+    // regrouped by dim: A rows g (dim 2g) and g + 8 (2g + 1).
+    __device__ void pv_group_fragments(uint32_t (&f)[4][4], const uint8_t *src, int gr) const {
         const int warp = (threadIdx.x >> 5) & 3;
-        if constexpr (KV == MLA_DTYPE_MXFP4) {
-            // Warp w takes 32-dim block c = 4 gr + w: a lane gets dims
-            // 4g..4g+3 of two tokens, each scaled by its token's scale and
-            // regrouped by dim into token pairs. Dims 4g, 4g + 1 are A rows
-            // g, g + 8 of M block 2 gr, dims 4g + 2, 4g + 3 those of 2 gr + 1.
-            const int c = 4 * gr + warp;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                uint32_t r[4];
-                Tile::ldsm_x4_trans(r, src.row + h * 32 * kRawLd + 16 * c);
+        for (int h = 0; h < 2; ++h) {
+            uint32_t r[4];
+            Tile::ldsm_x4_trans(r, src + h * 32 * kRawLd + 64 * gr + 16 * warp);
 #pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    const Bf16x8 d = e2m1x8_to_bf16x8(r[m], scales[src.scale_at[h][m][0] + c],
-                                                      scales[src.scale_at[h][m][1] + c]);
-                    const int ks = 2 * h + (m >> 1), hi = 2 * (m & 1);
-                    f[0][ks][hi] = byte_perm(d.w[0], d.w[2], 0x5410u);      // dim 4g
-                    f[0][ks][hi + 1] = byte_perm(d.w[0], d.w[2], 0x7632u);  // 4g + 1
-                    f[1][ks][hi] = byte_perm(d.w[1], d.w[3], 0x5410u);      // 4g + 2
-                    f[1][ks][hi + 1] = byte_perm(d.w[1], d.w[3], 0x7632u);  // 4g + 3
-                }
-            }
-        } else {
-            // 16 bytes at dim 64 gr + 16w: a lane gets dims 2g, 2g + 1 of two
-            // tokens, regrouped by dim: A rows g (dim 2g) and g + 8 (2g + 1).
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                uint32_t r[4];
-                Tile::ldsm_x4_trans(r, src.row + h * 32 * kRawLd + 64 * gr + 16 * warp);
-#pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    const F16x4 v = e4m3x4_to_f16x4(byte_perm(r[m], 0, 0x3120u));
-                    f[0][2 * h + m / 2][2 * (m & 1)] = v.w[0];
-                    f[0][2 * h + m / 2][2 * (m & 1) + 1] = v.w[1];
-                }
+            for (int m = 0; m < 4; ++m) {
+                const F16x4 v = e4m3x4_to_f16x4(byte_perm(r[m], 0, 0x3120u));
+                f[2 * h + m / 2][2 * (m & 1)] = v.w[0];
+                f[2 * h + m / 2][2 * (m & 1) + 1] = v.w[1];
             }
         }
     }
