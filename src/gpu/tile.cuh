@@ -161,9 +161,10 @@ struct MmaSyncTile {
 #define MLA_TILE_WGMMA 1
 #endif
 
-// wgmma.mma_async m64nNk16 bf16 or f16 -> f32 with A in registers and B in
-// shared memory. A fragments are those of mma.sync m16n8k16 for the warp's 16 rows
-// (warp w of the warpgroup supplies rows 16w..16w+15); accumulator element
+// wgmma.mma_async m64nNk16 bf16 or f16 -> f32 with A in registers (mma) or
+// in shared memory (mma_ss) and B in shared memory. A fragments are those of
+// mma.sync m16n8k16 for the warp's 16 rows (warp w of the warpgroup supplies
+// rows 16w..16w+15, also of shared-memory A); accumulator element
 // 4i + e of a lane is row 16w + g + 8 (e >> 1), column 8i + 2t + (e & 1)
 // (g = lane / 4, t = lane % 4). B is K-major without swizzle: core matrices
 // of 8 rows (of N) x 16 bytes (8 k), each stored as 128 contiguous bytes,
@@ -242,6 +243,14 @@ struct Wgmma {
 #endif
     }
 
+    // The asm statement MACRO(type) for F16's element type.
+#define MLA_WGMMA_TYPED(MACRO) \
+    if constexpr (F16) {       \
+        MACRO("f16");          \
+    } else {                   \
+        MACRO("bf16");         \
+    }
+
     // d[64 x N] (+)= A[64 x 16] B[16 x N] of bf16 (F16: f16) elements;
     // accumulate = false overwrites d.
     template <int N, bool F16>
@@ -256,21 +265,17 @@ struct Wgmma {
                  "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"                                                      \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
-        if constexpr (F16) {
-            MLA_WGMMA_M64N16K16("f16");
-        } else {
-            MLA_WGMMA_M64N16K16("bf16");
-        }
+        MLA_WGMMA_TYPED(MLA_WGMMA_M64N16K16);
 #undef MLA_WGMMA_M64N16K16
 #else
         (void)d, (void)a, (void)b, (void)accumulate;
 #endif
     }
 
-    // The same with A in shared memory too (`a` a descriptor, no swizzle):
-    // K-major core matrices (8 rows of M x 8 k) or, TRANS_A, M-major ones
-    // (8 k x 8 elements of M), `k_stride` (LBO) apart along K and `n_stride`
-    // (SBO) apart along M, as desc() builds them. Checked on the H200
+    // The same with A in shared memory too (`a` a descriptor from desc() or
+    // desc_swizzled()): K-major (rows of M along which k runs) or, TRANS_A,
+    // M-major (rows of k along which M runs). The field semantics of both,
+    // with and without the 128-byte swizzle, were checked on the H200
     // (docs/performance.md, v9).
     template <int N, bool F16, bool TRANS_A>
     __device__ static void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
@@ -284,16 +289,13 @@ struct Wgmma {
                  "%8, %9, p, 1, 1, %11, 0;\n}\n"                                                                \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
                  : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TRANS_A)))
-        if constexpr (F16) {
-            MLA_WGMMA_SS_M64N16K16("f16");
-        } else {
-            MLA_WGMMA_SS_M64N16K16("bf16");
-        }
+        MLA_WGMMA_TYPED(MLA_WGMMA_SS_M64N16K16);
 #undef MLA_WGMMA_SS_M64N16K16
 #else
         (void)d, (void)a, (void)b, (void)accumulate;
 #endif
     }
+#undef MLA_WGMMA_TYPED
 };
 
 // Makes this thread's shared-memory writes visible to the async proxy
