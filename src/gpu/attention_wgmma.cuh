@@ -227,7 +227,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
         async_wait<0>();  // tile j has landed
-        if (Kv::kWgmmaFromShared) fence_proxy_async();  // ... and is visible to the wgmmas that read it
+        if (Kv::kSwizzled) fence_proxy_async();  // ... and is visible to the wgmmas that read it
         __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
         if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
         async_commit();

@@ -401,7 +401,7 @@ struct Launch {
         c.wgmmas.assign(threads, Cta::AsyncWgmmas{});
         for (unsigned b = 0; b < grid; ++b) {
             c.block = b;
-            c.dynamic_smem.assign(smem + 1024, 0xff);  // uninitialised shared memory reads as NaN
+            c.dynamic_smem.assign(smem + 16, 0xff);  // uninitialised shared memory reads as NaN
             // Copies a previous CTA left in flight are dropped with its shared memory.
             for (Cta::AsyncCopies &q : c.copies) q = Cta::AsyncCopies{};
             for (Cta::AsyncWgmmas &q : c.wgmmas) q = Cta::AsyncWgmmas{};
@@ -560,9 +560,8 @@ inline void wgmma(float *d, int n, bool f16, const uint32_t (&a)[4], uint64_t de
     warp_release();
     cta().wgmmas[size_t(cta().current)].open.push_back(op);
 }
-// The same with A from shared memory too: core matrices of 8 rows x 16
-// bytes, K-major (a row is 8 k of one M row) or, `a_trans`, M-major (a row
-// is 8 M elements of one k), LBO apart along K and SBO apart along M.
+// The same with A from shared memory too, K-major or (`a_trans`) M-major,
+// laid out as wgmma_operand_offset reads it.
 inline void wgmma_ss(float *d, int n, bool f16, uint64_t a_desc, bool a_trans, uint64_t desc, bool accumulate) {
     Cta::Wgmma op{};
     op.d = d, op.n = n, op.f16 = f16, op.desc = desc, op.accumulate = accumulate;

@@ -282,11 +282,10 @@ struct KvTile {
     // wgmma_q_word), in O^T the dims of the rows are permuted (wgmma_pv_dim);
     // the codes become f16 (one cvt a pair; Q and P are f16 too).
 
-    // Operand type of the warpgroup products: f16 (else bf16).
+    // Operand type of the warpgroup products: f16 (else bf16). They read K
+    // and V^T from the swizzled stage (kSwizzled: bf16), else from A
+    // fragments decoded in registers (E4M3).
     static constexpr bool kWgmmaF16 = KV == MLA_DTYPE_FP8_E4M3;
-    // The warpgroup products read K and V^T from the swizzled stage (bf16),
-    // else from A fragments decoded in registers (E4M3).
-    static constexpr bool kWgmmaFromShared = kSwizzled;
 
     // The bf16 pair (word) of a 32-dim block of Q, 0..15, that goes to word i
     // (0..3) of k chunk `chunk` (k 0..7 | 8..15) of the block's 16-dim step s,
@@ -294,7 +293,7 @@ struct KvTile {
     __device__ static int wgmma_q_word(int s, int chunk, int i) {
         // K from shared memory: dims in order. E4M3: a lane's 4 dims 4t..4t+3
         // of a step are k 2t, 2t + 1, 2t + 8, 2t + 9.
-        return kWgmmaFromShared ? 8 * s + 4 * chunk + i : 8 * s + 2 * i + chunk;
+        return kSwizzled ? 8 * s + 4 * chunk + i : 8 * s + 2 * i + chunk;
     }
 
     // s[64 x ROWS] = K Q^T on stage `stage`: warp w has rows = tokens
@@ -303,9 +302,9 @@ struct KvTile {
     template <int ROWS>
     __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
-        static_assert((KV == MLA_DTYPE_FP8_E4M3 || kWgmmaFromShared) && N == 64,
+        static_assert((KV == MLA_DTYPE_FP8_E4M3 || kSwizzled) && N == 64,
                       "the warpgroup path: 64-token tiles, bf16 from shared memory or E4M3 fragments");
-        if constexpr (kWgmmaFromShared) {
+        if constexpr (kSwizzled) {
             // K-major A: a 16-dim step is 32 bytes into a slab's rows (four a slab).
             const uint64_t k_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
             Wgmma::fence();
@@ -351,7 +350,7 @@ struct KvTile {
     template <int ROWS>
     __device__ void wgmma_pv(float (&o)[MLA_HEAD_DIM_V / 64][ROWS / 2], uint64_t p_desc, int p_step, int stage) const {
 #if defined(MLA_TILE_WGMMA)
-        if constexpr (kWgmmaFromShared) {
+        if constexpr (kSwizzled) {
             // M-major A (V^T): M block b is slab b, a 16-token k step 16 rows on.
             const uint64_t v_desc = Wgmma::desc_swizzled(stage_bytes(stage), kSlabBytes);
             Wgmma::fence();
@@ -394,7 +393,7 @@ struct KvTile {
     // The dim of accumulator element e of o[b] in wgmma_pv (its column is
     // query row 8 (e / 4) + 2t + (e & 1)).
     __device__ static int wgmma_pv_dim(int b, int warp, int lane, int e) {
-        if (kWgmmaFromShared)  // dims in order: A row 16w + g (+ 8)
+        if (kSwizzled)  // dims in order: A row 16w + g (+ 8)
             return 64 * b + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
         return 64 * b + 16 * warp + 2 * (lane >> 2) + ((e >> 1) & 1);
     }
@@ -430,12 +429,11 @@ struct KvTile {
     }
 
     // The A fragments of commit group gr of O^T: M block gr, 4 k steps of 16
-    // tokens. Matrix m of an ldmatrix.x4.trans at tokens 32h
-    // is tokens 32h + 8m..8m+7, and a lane gets one 16-bit column of them for
-    // tokens 32h + 8m + 2t, 2t + 1: k 2t, 2t + 1 of k step 2h + m / 2 (+ 8
-    // for odd m).
-    // 16 bytes at dim 64 gr + 16w: a lane gets dims 2g, 2g + 1 of two tokens,
-    // regrouped by dim: A rows g (dim 2g) and g + 8 (2g + 1).
+    // tokens. Matrix m of an ldmatrix.x4.trans at tokens 32h is tokens
+    // 32h + 8m..8m+7 at dims 64 gr + 16w..+15, and a lane gets one 16-bit
+    // column of them (dims 2g, 2g + 1) for tokens 32h + 8m + 2t, 2t + 1: k 2t,
+    // 2t + 1 of k step 2h + m / 2 (+ 8 for odd m), regrouped by dim into A
+    // rows g (dim 2g) and g + 8 (2g + 1).
     __device__ void pv_group_fragments(uint32_t (&f)[4][4], const uint8_t *src, int gr) const {
         const int warp = (threadIdx.x >> 5) & 3;
 #pragma unroll
