@@ -90,8 +90,10 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
 
     wait_for_previous_grid();  // metadata, Q, KV, and the previous step's readers of out / partials
     allow_next_grid();
-    if (int(blockIdx.x) >= p.summary->num_items) return;
+    // The grid is the plan's max_items and items has that many entries
+    // (zeroed at creation), so the item's load goes out with the summary's.
     const WorkItem w = p.items[blockIdx.x];
+    if (int(blockIdx.x) >= p.summary->num_items) return;
 
     MLA_DYNAMIC_SMEM(uint8_t, smem);
     uint8_t *cursor = smem;
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         row_m[tid] = kNegInf;
         row_l[tid] = 0.0f;
     }
+    kv.look_up(p, w, w.kv_begin);
     load_q<ROWS, typename S::Kv>(p, w, h0, heads, qs);
 #pragma unroll
     for (int t = 0; t < S::kStages; ++t) {

@@ -88,14 +88,27 @@ constexpr float kPOffsetLog2 = 7.0f;
 // Q rows into the B-operand layout of S^T (K-major core matrices), each
 // 32-dim block in the reduction order of the K fragments (Kv::wgmma_q_word);
 // for f16 operands as f16 times a power of two (see the top), for bf16 as
-// they are. Synchronous; `red` holds THREADS / 32 floats. Returns the
-// factor's inverse, which the scores are multiplied by.
+// they are. bf16 Q for bf16 operands read in dim order is a permutation of
+// 16-byte chunks: copied asynchronously (the caller's next async_commit
+// closes the group); otherwise synchronous. `red` holds THREADS / 32
+// floats. Returns the factor's inverse, which the scores are multiplied by.
 template <class Kv, int ROWS, int THREADS>
 __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint8_t *qs,
                               int chunk_bytes, float *red) {
     constexpr int kBlocks = MLA_HEAD_DIM_QK / 32;
     constexpr int kUnits = (ROWS * kBlocks + THREADS - 1) / THREADS;  // (row, 32-dim block) units a thread
     const int rows_valid = w.q_len * heads;
+    if (Kv::kSwizzled && p.q_dtype == MLA_DTYPE_BF16) {
+        // Chunk m (dims 8m..8m+7) of row r at chunk m's core-matrix column.
+        static_assert(!Kv::kSwizzled || (!Kv::kWgmmaF16 && Kv::wgmma_q_word(1, 1, 3) == 15), "Q dims in order");
+        constexpr int kChunks = MLA_HEAD_DIM_QK / 8;
+        for (int u = threadIdx.x; u < ROWS * kChunks; u += THREADS) {
+            const int r = u / kChunks, m = u - r * kChunks;
+            copy16_async(qs + (r / 8) * Wgmma::kCoreBytes + (r % 8) * 16 + m * chunk_bytes,
+                         p.q + q_row_index(p, w, h0, heads, r) * 1152 + m * 16, r < rows_valid);
+        }
+        return 1.0f;
+    }
     uint32_t v[kUnits][16];  // bf16 pairs: word i is dims 32c + 2i, 2i + 1
     float amax = 0.0f;
 #pragma unroll
@@ -180,8 +193,10 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 
     wait_for_previous_grid();  // metadata, Q, KV, and the previous step's readers of out / partials
     allow_next_grid();
-    if (int(blockIdx.x) >= p.summary->num_items) return;
+    // The grid is the plan's max_items and items has that many entries
+    // (zeroed at creation), so the item's load goes out with the summary's.
     const WorkItem w = p.items[blockIdx.x];
+    if (int(blockIdx.x) >= p.summary->num_items) return;
 
     MLA_DYNAMIC_SMEM(uint8_t, smem);
     uint8_t *cursor = smem;  // (16-byte aligned; the stages first, at their alignment)
@@ -200,9 +215,10 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int rows_valid = w.q_len * heads;
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
 
+    kv.look_up(p, w, w.kv_begin);
     if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
-    async_commit();
     const float q_unscale = load_q_wgmma<Kv, ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
+    async_commit();  // tile 0 (and Q, when copied asynchronously)
 
     // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
     // accumulator element e of S^T and O^T belongs to row(2 (e / 4) + (e & 1)).
@@ -229,11 +245,13 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         async_wait<0>();  // tile j has landed
         if (Kv::kSwizzled) fence_proxy_async();  // ... and is visible to the wgmmas that read it
         __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
-        if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
-        async_commit();
 
+        // S^T; tile j + 1's copies are issued while the first products run.
         float s_acc[kSRegs];
-        kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage);
+        kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage, [&]() {
+            if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
+            async_commit();
+        });
 
         // Scores in log2 units, masked; rescale when one passes its row's reference.
         bool over = false;

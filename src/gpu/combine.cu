@@ -14,13 +14,15 @@ namespace {
 // still spreads over many SMs. Each warp reduces the splits' LSEs itself (the
 // few redundant loads are cheaper than a CTA barrier), then merges its column
 // block for kBatch splits at a time: their loads are issued together so the
-// L2 latency is paid once per batch, and the sums still run in split order
-// (bitwise deterministic for a given split count).
+// L2 latency is paid once per batch (the first batch's together with the
+// LSEs'), and the sums still run in split order (bitwise deterministic for a
+// given split count). The kernel is a chain of dependent loads (schedule,
+// then partials), so each step issues everything it can at once.
 constexpr int kCombineWarps = kThreads / MLA_WARP_SIZE;
 constexpr int kWarpCols = MLA_WARP_SIZE * 4;                   // a float4 per lane
 constexpr int kColBlocks = MLA_HEAD_DIM_V / kWarpCols;         // warps per row
 constexpr int kRowsPerCta = kCombineWarps / kColBlocks;
-constexpr int kBatch = 8;
+constexpr int kBatch = 16;
 static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
@@ -29,9 +31,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
     const int group = blockIdx.x % row_groups, seq_hb = blockIdx.x / row_groups;
     const int seq = seq_hb / p.head_blocks, hb = seq_hb % p.head_blocks;
-    // The grid covers the plan's max_batch; sequences past this batch exit.
-    if (seq >= p.summary->batch_size || p.summary->error != 0) return;
+    // The grid covers the plan's max_batch (seqs has that many entries, so
+    // the load is issued with the summary's); sequences past this batch exit.
     const SeqSchedule s = p.seqs[seq];
+    if (seq >= p.summary->batch_size || p.summary->error != 0) return;
     if (s.splits <= 1 || s.q_len == 0) return;
     const int h0 = hb * p.heads_per_block;
     const int heads = min(p.heads_per_block, p.num_heads - h0);
@@ -40,6 +43,16 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     if (r >= s.q_len * heads) return;  // whole warps leave; no CTA-wide barrier below
     const float *first = p.partials + int64_t(s.partial_first + hb * s.splits) * p.slot_floats;
     const float *lses = first + p.rows_per_item * MLA_HEAD_DIM_V + r;
+
+    const float *src = first + r * MLA_HEAD_DIM_V + col0;
+    auto load_batch = [&](float4(&o)[kBatch], int k0) {
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+            o[i] = k0 + i < s.splits ? *reinterpret_cast<const float4 *>(src + int64_t(k0 + i) * p.slot_floats)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    };
+    float4 o[kBatch];
+    load_batch(o, 0);  // in flight with the LSE loads below
 
     __shared__ float weights[kCombineWarps][MLA_MAX_SPLITS];
     float m = -INFINITY;
@@ -56,13 +69,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;  // 0: every split empty; NaN stays NaN
 
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float *src = first + r * MLA_HEAD_DIM_V + col0;
     for (int k0 = 0; k0 < s.splits; k0 += kBatch) {
-        float4 o[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i)
-            o[i] = k0 + i < s.splits ? *reinterpret_cast<const float4 *>(src + int64_t(k0 + i) * p.slot_floats)
-                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (k0 > 0) load_batch(o, k0);
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
             if (k0 + i >= s.splits) break;

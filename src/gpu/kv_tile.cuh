@@ -88,15 +88,6 @@ struct KvTile {
     uint16_t *converted;  // [N][kKvLd] bf16 (quantised formats)
     uint8_t *scale_shift; // [kStages][N] byte offset of the row's scales inside its first staged word
 
-    // Page of token `tok` of the item, clamped into the pool; -1 past the end.
-    __device__ static int32_t token_page(const AttentionParams &p, const WorkItem &w, int tok) {
-        if (tok >= w.kv_end) return -1;
-        const int64_t slot = int64_t(w.page_begin) + (tok >> p.page_shift);
-        int64_t page = p.kv_indices ? int64_t(p.kv_indices[slot]) : slot;
-        if (p.num_pages > 0) page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-        return int32_t(page);
-    }
-
     // MXFP4: a row's scales start at any byte, so its first and last staged
     // words may hold only part of it. A lane owning such a word loads just
     // the row's bytes (at most one byte and one aligned half word) into
@@ -110,32 +101,73 @@ struct KvTile {
     using PartDesc = typename std::conditional<(kRowsPerWarp > 8), uint64_t, uint32_t>::type;
     PartDesc part_desc;
 
-    // Issue the copies of tokens [t0, t0 + N) of a work item into stage `stage`.
-    // Tokens at or past the item's end are zero-filled. Each warp copies whole
-    // rows (warp, warp + kWarps, ...): its lanes look up the rows' pages in
-    // parallel and pass them round by shuffles, so no barrier is needed.
+    // The page-table entry of the token this lane looks up for the next
+    // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
+    // the tile. Loaded one issue ahead, so that its latency hides behind a
+    // tile's math instead of stalling the copies; -1 past the item's end.
+    int32_t next_page;
+
+    // Look up the pages of tile [t0, t0 + N) for the next issue() (the
+    // first tile; issue() looks up the one after its own).
+    __device__ void look_up(const AttentionParams &p, const WorkItem &w, int t0) {
+        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
+        const int tok = t0 + warp + lane * kWarps;
+        next_page = -1;
+        if (lane < kRowsPerWarp && tok < w.kv_end) {
+            const int64_t slot = int64_t(w.page_begin) + (tok >> p.page_shift);
+            next_page = p.kv_indices ? p.kv_indices[slot] : int32_t(slot);
+        }
+    }
+
+    // Issue the copies of tokens [t0, t0 + N) of a work item into stage
+    // `stage`; the pages come from the last look_up / issue. Tokens at or
+    // past the item's end, and negative table entries, are zero-filled;
+    // other pages are clamped into the pool when its size is known. Each
+    // warp copies whole rows (warp, warp + kWarps, ...): the lane that
+    // looked a row up computes its address once and passes it round by
+    // shuffles, so no barrier is needed, and the per-row work is two
+    // shuffles and the copies (offsets fixed per lane and row parity).
     // MXFP4 needs finish_issue(stage) before the stage's async_wait barrier.
     __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage) {
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-        const int32_t my_page = lane < kRowsPerWarp ? token_page(p, w, t0 + warp + lane * kWarps) : -1;
+        int64_t my_row = -1;  // this lane's looked-up row
+        {
+            int64_t page = next_page;
+            if (page >= 0 && p.num_pages > 0) page = page >= p.num_pages ? p.num_pages - 1 : page;
+            const int tok = t0 + warp + lane * kWarps;
+            if (page >= 0) my_row = (page << p.page_shift) + (tok & ((1 << p.page_shift) - 1));
+        }
+        const uint64_t my_src = reinterpret_cast<uintptr_t>(p.kv + (my_row < 0 ? 0 : my_row) * kRowBytes);
+        const int my_bytes = my_row < 0 ? 0 : 16;
+        look_up(p, w, t0 + N);  // for the next call; not waited on here
         constexpr int kChunks = kRowBytes / 16;
         constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
-        const int page_mask = (1 << p.page_shift) - 1;
+        // Row r = warp + i * kWarps. Swizzled: chunk lane + 32 k of the row
+        // goes to slab (lane / 8) + 4 k at 128 r + 16 ((lane % 8) ^ (r % 8)),
+        // and r % 8 repeats every kSwizzlePeriod rows of the warp.
+        constexpr int kSwizzlePeriod = kWarps % 8 == 0 ? 1 : kWarps % 4 == 0 ? 2 : kWarps % 2 == 0 ? 4 : 8;
+        uint8_t *const stage_base = landing + size_t(stage) * (kLandingBytes / kStages);
+        uint8_t *dst_lane[kSwizzlePeriod];
+#pragma unroll
+        for (int q = 0; q < kSwizzlePeriod; ++q)
+            dst_lane[q] = kSwizzled ? stage_base + warp * 128 + (lane >> 3) * kSlabBytes +
+                                          (((lane & 7) ^ ((warp + q * kWarps) & 7)) << 4)
+                                    : stage_base + warp * kLd + lane * 16;
         part_desc = 0;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
-            const int r = warp + i * kWarps, tok = t0 + r;
-            const int32_t page = MLA_SHFL(my_page, i);
-            const int64_t row = page < 0 ? -1 : (int64_t(page) << p.page_shift) + (tok & page_mask);
-            const uint8_t *src = p.kv + (row < 0 ? 0 : row) * kRowBytes;
-            uint8_t *dst = landing + (kSwizzled ? size_t(stage) * N * kRowBytes + r * 128 : (size_t(stage) * N + r) * kLd);
+            const uint8_t *src = reinterpret_cast<const uint8_t *>(uintptr_t(MLA_SHFL(my_src, i))) + lane * 16;
+            const int bytes = MLA_SHFL(my_bytes, i);
+            uint8_t *dst = dst_lane[i % kSwizzlePeriod] + i * kWarps * (kSwizzled ? 128 : kLd);
 #pragma unroll
-            for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
-                const int ch = lane + k * MLA_WARP_SIZE;
-                const int at = kSwizzled ? (ch >> 3) * kSlabBytes + (((ch & 7) ^ (r & 7)) << 4) : ch * 16;
-                if (kChunks % MLA_WARP_SIZE == 0 || ch < kChunks) copy16_async(dst + at, src + ch * 16, row >= 0);
+            for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k)
+                if (kChunks % MLA_WARP_SIZE == 0 || lane + k * MLA_WARP_SIZE < kChunks)
+                    copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
+                                       src + k * MLA_WARP_SIZE * 16, bytes);
+            if (KV == MLA_DTYPE_MXFP4) {
+                const int64_t row = MLA_SHFL(my_row, i);  // (every lane shuffles)
+                if (lane < kScaleWords) issue_scales(p, row, stage * N + warp + i * kWarps, lane, i);
             }
-            if (KV == MLA_DTYPE_MXFP4 && lane < kScaleWords) issue_scales(p, row, stage * N + r, lane, i);
         }
     }
 
@@ -290,7 +322,7 @@ struct KvTile {
     // The bf16 pair (word) of a 32-dim block of Q, 0..15, that goes to word i
     // (0..3) of k chunk `chunk` (k 0..7 | 8..15) of the block's 16-dim step s,
     // in the reduction order of the K fragments of wgmma_qk.
-    __device__ static int wgmma_q_word(int s, int chunk, int i) {
+    static constexpr int wgmma_q_word(int s, int chunk, int i) {
         // K from shared memory: dims in order. E4M3: a lane's 4 dims 4t..4t+3
         // of a step are k 2t, 2t + 1, 2t + 8, 2t + 9.
         return kSwizzled ? 8 * s + 4 * chunk + i : 8 * s + 2 * i + chunk;
@@ -298,9 +330,11 @@ struct KvTile {
 
     // s[64 x ROWS] = K Q^T on stage `stage`: warp w has rows = tokens
     // 16w..16w+15; q_desc points at dims 0..15 of Q, each 16-dim step
-    // `q_step` bytes further. Returns with the products complete.
-    template <int ROWS>
-    __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage) const {
+    // `q_step` bytes further. Calls in_flight() once the first products are
+    // issued (work that overlaps them: the next tile's copies), and returns
+    // with the products complete.
+    template <int ROWS, class InFlight>
+    __device__ void wgmma_qk(float (&s)[ROWS / 2], uint64_t q_desc, int q_step, int stage, InFlight &&in_flight) const {
 #if defined(MLA_TILE_WGMMA)
         static_assert((KV == MLA_DTYPE_FP8_E4M3 || kSwizzled) && N == 64,
                       "the warpgroup path: 64-token tiles, bf16 from shared memory or E4M3 fragments");
@@ -313,6 +347,7 @@ struct KvTile {
                 Wgmma::mma_ss<ROWS, kWgmmaF16, false>(s, Wgmma::advance(k_desc, (step >> 2) * kSlabBytes + (step & 3) * 32),
                                                       Wgmma::advance(q_desc, step * q_step), step > 0);
             Wgmma::commit();
+            in_flight();
             Wgmma::wait<0>();
             Wgmma::hold(s);
             return;
@@ -334,6 +369,7 @@ struct KvTile {
                 Wgmma::mma<ROWS, kWgmmaF16>(s, f[i], Wgmma::advance(q_desc, step * q_step), step > 0);
             }
             Wgmma::commit();
+            if (gr == 0) in_flight();
         }
         Wgmma::wait<0>();
         Wgmma::hold(s);

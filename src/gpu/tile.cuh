@@ -348,18 +348,24 @@ using Tile = SimtTile;
 #endif
 
 // ---- Asynchronous global -> shared copies ---------------------------------
-// 16 bytes; zero-fills the destination when !valid (src is then not read).
-__device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool valid) {
+// 16 bytes of which the first src_bytes (0 or 16) are read and the rest
+// zero-filled (src is not read when 0).
+__device__ __forceinline__ void copy16_async_zfill(void *smem, const void *gmem, int src_bytes) {
 #if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
-    emu::cp_async(smem, gmem, 16, valid ? 16 : 0);
+    emu::cp_async(smem, gmem, 16, src_bytes);
 #elif defined(MLA_TILE_MMA_SYNC)
     const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
 #else
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (valid) v = *static_cast<const uint4 *>(gmem);
+    if (src_bytes > 0) v = *static_cast<const uint4 *>(gmem);
     *static_cast<uint4 *>(smem) = v;
 #endif
+}
+
+// 16 bytes; zero-fills the destination when !valid (src is then not read).
+__device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool valid) {
+    copy16_async_zfill(smem, gmem, valid ? 16 : 0);
 }
 
 // 4 bytes from a 4-byte aligned address.
