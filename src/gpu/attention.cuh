@@ -65,7 +65,7 @@ struct AttentionShape {
     static constexpr int kPBytes = ROWS * kPLd * 2;
     static constexpr int kStatBytes = 3 * ROWS * 4;
     static constexpr int kSmemBytes = kQBytes + Kv::kLandingBytes + Kv::kScaleBytes + Kv::kConvertedBytes + kSBytes +
-                                      kPBytes + kStatBytes + Kv::kRowMetaBytes;
+                                      kPBytes + kStatBytes;
     // Two CTAs per SM when their shared memory fits (one's copies and
     // barriers then overlap the other's math).
     static constexpr int kMinBlocksPerSm = ROWS <= 16 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
@@ -108,7 +108,6 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
     float *row_l = row_m + ROWS;                       // running sum
     float *row_alpha = row_l + ROWS;                   // rescale of this tile
     cursor += S::kStatBytes;
-    kv.scale_shift = cursor;
 
     const int tid = threadIdx.x, lane = tid % MLA_WARP_SIZE, warp = tid / MLA_WARP_SIZE;
     const int wm = warp % S::WM, wn = warp / S::WM;

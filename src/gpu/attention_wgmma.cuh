@@ -204,7 +204,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     Kv kv;
     kv.landing = cursor; cursor += Kv::kLandingBytes;
     uint8_t *qs = cursor; cursor += S::kQBytes;
-    kv.scales = nullptr, kv.converted = nullptr, kv.scale_shift = nullptr;  // (MXFP4, shared-memory decode)
+    kv.scales = nullptr, kv.converted = nullptr;  // (MXFP4, shared-memory decode)
     uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
     float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
     float *row_lse = reinterpret_cast<float *>(cursor); cursor += S::kStatBytes;

@@ -49,8 +49,7 @@ struct KvTile {
     static constexpr bool kQuantized = KV != MLA_DTYPE_BF16;
     static constexpr int kRowBytes = KV == MLA_DTYPE_BF16 ? 1152 : KV == MLA_DTYPE_MXFP4 ? 288 : 576;
     static constexpr int kRawLd = kRowBytes + 16;          // staging stride (bytes) of quantised rows
-    static constexpr int kScaleLd = 24;                    // staged scale bytes per row (aligned words)
-    static constexpr int kScaleWords = kScaleLd / 4;       // 18 bytes at any alignment span <= 6 words
+    static constexpr int kScaleLd = MLA_MXFP4_SCALES_PER_ROW;  // staged MXFP4 scale bytes per row
     static constexpr int kStages = STAGES;
     // 128-byte-swizzled staging (bf16 on attention_wgmma.cuh): the tile is
     // cut into slabs of 64 dims (128 bytes a token); in slab c / 8 the 16-byte
@@ -67,39 +66,30 @@ struct KvTile {
                                          : kQuantized ? kStages * N * kRawLd
                                                       : kStages * N * kKvLd * 2;
     static constexpr int kLandingAlign = kSwizzled ? 1024 : 16;
-    static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? kStages * N * kScaleLd : 0;
+    static constexpr int kScaleBytes = KV == MLA_DTYPE_MXFP4 ? (kStages * N * kScaleLd + 15) / 16 * 16 : 0;
     static constexpr bool kFragmentDecode = decodes_into_fragments(KV);
     static constexpr bool kDecodesToShared = kQuantized && !kFragmentDecode;
-    // attention.cuh stores MXFP4's deferred scale words (finish_issue) only on
-    // its shared-memory decode path.
+    // attention.cuh stores MXFP4's scales (finish_issue) only on its
+    // shared-memory decode path.
     static_assert(KV != MLA_DTYPE_MXFP4 || kDecodesToShared, "MXFP4 needs finish_issue after each issue");
     static constexpr int kConvertedBytes = kDecodesToShared ? N * kKvLd * 2 : 0;
     // bf16 row stride of the Q tile: with fragment decoding a lane reads
     // 8 bytes of Q rows g and g + 8 per MMA step, conflict-free when the
     // stride is 8 words modulo the 32 banks.
     static constexpr int kQLd = kFragmentDecode ? MLA_HEAD_DIM_QK + 16 : kKvLd;
-    static constexpr int kRowMetaBytes = kStages * N;     // scale misalignment per staged row
     static constexpr int kWarps = THREADS / MLA_WARP_SIZE;
     static constexpr int kRowsPerWarp = N / kWarps;
     static_assert(N % kWarps == 0 && kRowsPerWarp <= MLA_WARP_SIZE, "whole rows per warp");
 
     uint8_t *landing;     // [kStages][N][kRawLd] or [kStages][N][kKvLd] bf16
-    uint8_t *scales;      // [kStages][N][kScaleLd]
+    uint8_t *scales;      // [kStages][N][kScaleLd] (MXFP4)
     uint16_t *converted;  // [N][kKvLd] bf16 (quantised formats)
-    uint8_t *scale_shift; // [kStages][N] byte offset of the row's scales inside its first staged word
 
-    // MXFP4: a row's scales start at any byte, so its first and last staged
-    // words may hold only part of it. A lane owning such a word loads just
-    // the row's bytes (at most one byte and one aligned half word) into
-    // registers in `issue`; `finish_issue` assembles and stores the word. The
-    // loads' latency hides behind the tile's math instead of stalling the
-    // warp, and nothing outside the row's scales is read.
-    uint32_t part8[kRowsPerWarp];   // the byte
-    uint32_t part16[kRowsPerWarp];  // the half word
-    // 4 bits per row: pending, half word at byte 2, byte position (2 bits);
-    // 64 bits where a warp issues more than 8 rows.
-    using PartDesc = typename std::conditional<(kRowsPerWarp > 8), uint64_t, uint32_t>::type;
-    PartDesc part_desc;
+    // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
+    // warp copies in issue() (byte loads: any alignment, nothing outside the
+    // row's scales is read) and stores them in finish_issue(), once a tile's
+    // math has hidden the loads' latency.
+    uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
 
     // The page-table entry of the token this lane looks up for the next
     // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
@@ -153,7 +143,6 @@ struct KvTile {
             dst_lane[q] = kSwizzled ? stage_base + warp * 128 + (lane >> 3) * kSlabBytes +
                                           (((lane & 7) ^ ((warp + q * kWarps) & 7)) << 4)
                                     : stage_base + warp * kLd + lane * 16;
-        part_desc = 0;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const uint8_t *src = reinterpret_cast<const uint8_t *>(uintptr_t(MLA_SHFL(my_src, i))) + lane * 16;
@@ -165,60 +154,22 @@ struct KvTile {
                     copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
                                        src + k * MLA_WARP_SIZE * 16, bytes);
             if (KV == MLA_DTYPE_MXFP4) {
+                // Past the end: scale 0, so the zero-filled codes decode to 0
+                // (a stale NaN scale would turn 0 * V into NaN in P V).
                 const int64_t row = MLA_SHFL(my_row, i);  // (every lane shuffles)
-                if (lane < kScaleWords) issue_scales(p, row, stage * N + warp + i * kWarps, lane, i);
+                pending_scale[i] = lane < kScaleLd && row >= 0 ? p.kv_block_scales[row * p.scale_stride + lane] : 0u;
             }
         }
     }
 
-    // Store the partial scale words of the last issue into `stage`.
+    // Store the scales of the last issue into `stage` (MXFP4).
     __device__ void finish_issue(int stage) {
-        static_assert(KV != MLA_DTYPE_MXFP4 || kRowsPerWarp * 4 <= int(sizeof(PartDesc)) * 8,
-                      "a 4-bit descriptor per issued row");
         if (KV != MLA_DTYPE_MXFP4) return;
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
+        if (lane < kScaleLd)
 #pragma unroll
-        for (int i = 0; i < kRowsPerWarp; ++i) {
-            const uint32_t d = uint32_t(part_desc >> (4 * i));
-            if (d & 1u)
-                *reinterpret_cast<uint32_t *>(scales + (stage * N + warp + i * kWarps) * kScaleLd + lane * 4) =
-                    (part16[i] << (d & 2u ? 16 : 0)) | (part8[i] << (8 * ((d >> 2) & 3u)));
-        }
-    }
-
-    // Word `word` (the lane) of the 18 scale bytes of KV row `row` into staged
-    // row `slot`, as aligned words of the scale array starting at the one that
-    // holds the row's first byte: whole words by cp.async, partial ones by
-    // byte and half-word loads deferred to finish_issue (part8/part16[i]).
-    __device__ void issue_scales(const AttentionParams &p, int64_t row, int slot, int word, int i) {
-        uint8_t *dst = scales + slot * kScaleLd + word * 4;
-        if (row < 0) {
-            // Past the end: zero scales, so the zero-filled values decode to 0
-            // (a stale NaN scale would turn 0 * V into NaN in P.V).
-            copy4_async(dst, p.kv_block_scales, false);
-            if (word == 0) scale_shift[slot] = 0;
-            return;
-        }
-        const uint8_t *first = p.kv_block_scales + row * p.scale_stride;
-        const uint8_t *end = first + MLA_MXFP4_SCALES_PER_ROW;
-        const int shift = int(reinterpret_cast<uintptr_t>(first) & 3);
-        const uint8_t *lo = first - shift + word * 4;  // this word's bytes [lo, lo + 4)
-        if (word == 0) scale_shift[slot] = uint8_t(shift);
-        if (lo >= end) return;  // past the row's scales: never read
-        bool has8, has16;
-        int at8, at16;
-        if (lo < first) {  // the first word: bytes [shift, 4)
-            has16 = shift <= 2, at16 = 2, has8 = shift & 1, at8 = shift;
-        } else if (lo + 4 > end) {  // the last word: bytes [0, n)
-            const int n = int(end - lo);
-            has16 = n >= 2, at16 = 0, has8 = n & 1, at8 = n - 1;
-        } else {
-            copy4_async(dst, lo, true);
-            return;
-        }
-        part16[i] = has16 ? uint32_t(*reinterpret_cast<const uint16_t *>(lo + at16)) : 0u;
-        part8[i] = has8 ? uint32_t(lo[at8]) : 0u;
-        part_desc |= PartDesc(1u | (at16 == 2 ? 2u : 0u) | (uint32_t(at8 & 3) << 2)) << (4 * i);
+            for (int i = 0; i < kRowsPerWarp; ++i)
+                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(pending_scale[i]);
     }
 
     // KV decoded in shared memory (MXFP4; every quantised format of the
@@ -244,7 +195,7 @@ struct KvTile {
                 uint4 *dst = reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 8);
                 if (KV == MLA_DTYPE_MXFP4) {
                     const Bf16x8 v = e2m1x8_to_bf16x8(*reinterpret_cast<const uint32_t *>(src),
-                                                      scale_row(stage * N + r)[c >> 2]);
+                                                      scales[(stage * N + r) * kScaleLd + (c >> 2)]);
                     *dst = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
                 } else {
                     const uint2 w = *reinterpret_cast<const uint2 *>(src);
@@ -264,9 +215,6 @@ struct KvTile {
     __device__ const uint8_t *stage_bytes(int stage) const {
         return landing + size_t(stage) * (kLandingBytes / kStages);
     }
-
-    // The 18 block scales of staged row `slot`.
-    __device__ const uint8_t *scale_row(int slot) const { return scales + slot * kScaleLd + scale_shift[slot]; }
 
     // The bf16 tile the products read when KV is not decoded into fragments.
     __device__ const uint16_t *bf16_tile(int stage) const {
