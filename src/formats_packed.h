@@ -162,24 +162,52 @@ MLA_HD Bf16x8 e2m1x8_to_bf16x8_unscaled(uint32_t codes) {
     return r;
 }
 
-// Eight E2M1 nibbles times one E8M0 scale 2^(e - 127) -> eight bf16.
-MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
-    Bf16x8 r = e2m1x8_to_bf16x8_unscaled(codes);
+// Whether E8M0 scale e multiplies bf16 E2M1 values by one bf16x2 multiply
+// (scale_fast). Scales 2^-125 and up keep every nonzero result a normal
+// number, where the bf16 multiply is exact whatever the hardware does with
+// subnormals; 255 (NaN) is the bf16 NaN. e = 0, 1 take scale_exact.
+MLA_HD bool e8m0_scales_fast(uint8_t e) {
 #if defined(MLA_HAVE_FMA_BF16X2)
-    // Scales 2^-125 and up keep every nonzero result a normal number, where
-    // the bf16 multiply is exact whatever the hardware does with subnormals;
-    // 255 (NaN) is the bf16 NaN. Only e = 0, 1 take the float path below.
-    if (e >= 2) {
-        const uint32_t s = e == 0xffu ? 0x7fc0u : uint32_t(e) << 7;
-        const uint32_t scale = s | (s << 16), neg_zero2 = 0x80008000u;
-        for (int i = 0; i < 4; ++i)
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(scale), "r"(neg_zero2));
-        return r;
-    }
+    return e >= 2;
+#else
+    (void)e;
+    return false;
 #endif
+}
+
+// The bf16x2 multiplier of scale_fast for E8M0 scale e.
+MLA_HD uint32_t e8m0_bf16x2(uint8_t e) {
+    const uint32_t s = e == 0xffu ? 0x7fc0u : uint32_t(e) << 7;
+    return s | (s << 16);
+}
+
+// Eight bf16 E2M1 values times a scale where e8m0_scales_fast: one bf16x2
+// multiply (fma with -0, which keeps the sign of zeros) a pair.
+MLA_HD void scale_fast(Bf16x8 &r, uint32_t scale2) {
+#if defined(MLA_HAVE_FMA_BF16X2)
+    const uint32_t neg_zero2 = 0x80008000u;
+    for (int i = 0; i < 4; ++i)
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(scale2), "r"(neg_zero2));
+#else
+    (void)r, (void)scale2;
+#endif
+}
+
+// Eight bf16 E2M1 values times any E8M0 scale, in float.
+MLA_HD void scale_exact(Bf16x8 &r, uint8_t e) {
     const float scale = e8m0_to_float(e);
     for (int i = 0; i < 4; ++i)
         r.w[i] = pack_exact_bf16x2(bits_to_float(r.w[i] << 16) * scale, bits_to_float(r.w[i] & 0xffff0000u) * scale);
+}
+
+// Eight E2M1 nibbles times one E8M0 scale 2^(e - 127) -> eight bf16.
+MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
+    Bf16x8 r = e2m1x8_to_bf16x8_unscaled(codes);
+    if (e8m0_scales_fast(e)) {
+        scale_fast(r, e8m0_bf16x2(e));
+    } else {
+        scale_exact(r, e);
+    }
     return r;
 }
 

@@ -215,10 +215,15 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int rows_valid = w.q_len * heads;
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
 
+    // Tiles 0 and 1 in flight from the start (tile j + 1 is issued at the
+    // top of iteration j >= 1, once every warp is done with tile j - 1's
+    // stage); one commit group per tile, empty or not.
     kv.look_up(p, w, w.kv_begin);
     if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
     const float q_unscale = load_q_wgmma<Kv, ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
     async_commit();  // tile 0 (and Q, when copied asynchronously)
+    if (num_tiles > 1) kv.issue(p, w, w.kv_begin + N, 1);
+    async_commit();
 
     // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
     // accumulator element e of S^T and O^T belongs to row(2 (e / 4) + (e & 1)).
@@ -242,15 +247,21 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
-        async_wait<0>();  // tile j has landed
+        if (j == 0) {
+            async_wait<1>();  // tile 0 has landed (tile 1 may not have)
+        } else {
+            async_wait<0>();  // tile j has landed
+        }
         if (Kv::kSwizzled) fence_proxy_async();  // ... and is visible to the wgmmas that read it
         __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
 
         // S^T; tile j + 1's copies are issued while the first products run.
         float s_acc[kSRegs];
         kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage, [&]() {
-            if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
-            async_commit();
+            if (j > 0) {
+                if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
+                async_commit();
+            }
         });
 
         // Scores in log2 units, masked; rescale when one passes its row's reference.

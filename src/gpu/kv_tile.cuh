@@ -176,37 +176,70 @@ struct KvTile {
     // portable kernels): decode stage `stage` into `converted` (the caller
     // puts a barrier between this and the products).
     __device__ void decode_to_shared(int stage) {
-        if (!kDecodesToShared) return;
-        const uint8_t *raw = landing + size_t(stage) * N * kRawLd;
-        // Units of 8 elements (MXFP4: 4 bytes sharing one scale; fp8: 8 bytes),
-        // 128-bit stores. Each warp decodes its own rows' units, lane-strided,
-        // stepping (row, unit) incrementally instead of dividing.
-        constexpr int kUnitBytes = KV == MLA_DTYPE_MXFP4 ? 4 : 8;
-        constexpr int kUnits = kRowBytes / kUnitBytes;
-        constexpr int kWarpUnits = kRowsPerWarp * kUnits;
-        static_assert(MLA_WARP_SIZE <= kUnits, "a lane's next unit is at most one row further");
-        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-        int i = 0, c = lane;
+        if constexpr (KV == MLA_DTYPE_MXFP4) {
+            decode_mxfp4(stage);
+        } else if constexpr (kDecodesToShared) {
+            const uint8_t *raw = landing + size_t(stage) * N * kRawLd;
+            // Units of 8 fp8 elements, 128-bit stores. Each warp decodes its
+            // own rows' units, lane-strided, stepping (row, unit)
+            // incrementally instead of dividing.
+            constexpr int kUnits = kRowBytes / 8;
+            constexpr int kWarpUnits = kRowsPerWarp * kUnits;
+            static_assert(MLA_WARP_SIZE <= kUnits, "a lane's next unit is at most one row further");
+            const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
+            int i = 0, c = lane;
 #pragma unroll
-        for (int k = 0; k < (kWarpUnits + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
-            if (kWarpUnits % MLA_WARP_SIZE == 0 || k * MLA_WARP_SIZE + lane < kWarpUnits) {
-                const int r = warp + i * kWarps;
-                const uint8_t *src = raw + r * kRawLd + c * kUnitBytes;
-                uint4 *dst = reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 8);
-                if (KV == MLA_DTYPE_MXFP4) {
-                    const Bf16x8 v = e2m1x8_to_bf16x8(*reinterpret_cast<const uint32_t *>(src),
-                                                      scales[(stage * N + r) * kScaleLd + (c >> 2)]);
-                    *dst = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
-                } else {
-                    const uint2 w = *reinterpret_cast<const uint2 *>(src);
+            for (int k = 0; k < (kWarpUnits + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k) {
+                if (kWarpUnits % MLA_WARP_SIZE == 0 || k * MLA_WARP_SIZE + lane < kWarpUnits) {
+                    const int r = warp + i * kWarps;
+                    const uint2 w = *reinterpret_cast<const uint2 *>(raw + r * kRawLd + c * 8);
                     const Bf16x4 a = fp8x4_to_bf16x4<KV>(w.x), b = fp8x4_to_bf16x4<KV>(w.y);
-                    *dst = make_uint4(a.w[0], a.w[1], b.w[0], b.w[1]);
+                    *reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 8) = make_uint4(a.w[0], a.w[1], b.w[0], b.w[1]);
+                }
+                c += MLA_WARP_SIZE;
+                if (c >= kUnits) {
+                    c -= kUnits;
+                    ++i;
                 }
             }
-            c += MLA_WARP_SIZE;
-            if (c >= kUnits) {
-                c -= kUnits;
-                ++i;
+        }
+    }
+
+    // MXFP4 in units of one scale block, (row, 16-byte chunk) = 32 elements,
+    // decoded as four 8-element words with one scale load and one branch on
+    // the scale's kind. The CTA's threads share the tile's units (the stage
+    // is complete and visible to all of them after the caller's barrier),
+    // consecutive threads taking consecutive rows of one chunk: staged and
+    // decoded rows are an odd number of 16-byte groups apart (kRawLd,
+    // kKvLd), so a quarter warp's 16-byte loads and stores meet no bank
+    // conflicts, and whole warps idle past the last unit.
+    __device__ void decode_mxfp4(int stage) {
+        constexpr int kUnits = N * (kRowBytes / 16);
+        static_assert(kRowBytes / 16 == MLA_MXFP4_SCALES_PER_ROW, "a 16-byte chunk per scale");
+        static_assert((kRawLd / 16) % 2 == 1 && (kKvLd * 2 / 16) % 2 == 1, "conflict-free row strides");
+        const uint8_t *raw = landing + size_t(stage) * N * kRawLd;
+#pragma unroll
+        for (int k = 0; k < (kUnits + THREADS - 1) / THREADS; ++k) {
+            const int u = int(threadIdx.x) + k * THREADS;
+            if (kUnits % THREADS != 0 && u >= kUnits) break;
+            const int r = u % N, c = u / N;
+            const uint4 codes = *reinterpret_cast<const uint4 *>(raw + r * kRawLd + c * 16);
+            uint4 *dst = reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 32);
+            const uint8_t e = scales[(stage * N + r) * kScaleLd + c];
+            auto decode = [&](auto scale) {
+                const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    Bf16x8 v = e2m1x8_to_bf16x8_unscaled(words[j]);
+                    scale(v);
+                    dst[j] = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+                }
+            };
+            if (e8m0_scales_fast(e)) {
+                const uint32_t scale2 = e8m0_bf16x2(e);
+                decode([&](Bf16x8 &v) { scale_fast(v, scale2); });
+            } else {
+                decode([&](Bf16x8 &v) { scale_exact(v, e); });
             }
         }
     }
