@@ -1,9 +1,9 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
-// items of 16 query rows (16 heads at q_len 1: the decode shapes of serving)
-// with bf16 or OCP E4M3 KV.
+// items of 16 or 32 query rows (16 or 32 heads at q_len 1: the decode shapes
+// of serving) with bf16 or OCP E4M3 KV.
 // One CTA is one warpgroup and one work item, as in attention.cuh, but the
 // products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
-// the tile's 64 tokens on the M = 64 of the wgmma and the 16 rows on its N,
+// the tile's 64 tokens on the M = 64 of the wgmma and the rows on its N,
 // so nothing is padded; Q and P are the B operands in shared memory. bf16 K
 // and V^T are A operands read straight from the stage (128-byte-swizzled:
 // no decode; one CTA per SM, a 74 KB tile in flight while one is computed).
@@ -37,7 +37,7 @@ namespace gpu {
 // Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
 constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
-    return rows == 16 && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16);
+    return (rows == 16 || rows == 32) && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16);
 #else
     (void)rows, (void)kv;
     return false;
@@ -75,7 +75,7 @@ struct WgmmaShape {
     // other's math): E4M3. bf16's two 74 KB stages fit one; its warps only
     // issue copies and wgmmas, so one tile in flight per SM streams.
     static constexpr int kMinBlocksPerSm = 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
-    static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16, "wgmma shapes: m64n16k16");
+    static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16 || ROWS == 32, "wgmma shapes: m64n16k16, m64n32k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
     static_assert(!uses_wgmma(ROWS, KV) || kSmemBytes + 1024 <= 228 * 1024, "fits an SM");
 };

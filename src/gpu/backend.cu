@@ -148,6 +148,8 @@ public:
                                        h + layout_.items_offset, sched.items.size() * sizeof(WorkItem),
                                        hipMemcpyHostToDevice, s));
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
+        step_may_split_ = false;
+        for (const SeqSchedule &q : sched.seqs) step_may_split_ |= q.splits > 1;
         return MLA_SUCCESS;
     }
 
@@ -165,6 +167,7 @@ public:
         p.items = items();
         const hipStream_t s = static_cast<hipStream_t>(stream);
         MLA_GPU_TRY(launch_metadata(p, s));
+        step_may_split_ = true;  // (decided on the device)
         if (cfg_.flags & MLA_FLAG_VALIDATE_DEVICE_INPUTS) {
             ScheduleSummary host{};
             MLA_GPU_TRY(hipMemcpyAsync(&host, p.summary, sizeof host, hipMemcpyDeviceToHost, s));
@@ -225,7 +228,16 @@ public:
         // captured graph stays valid when a later step has more items.
         MLA_GPU_TRY(variant_.launch(p, g.max_items, s, overlap_launches_));
 
-        if (g.mode != SPLIT_FORCED || g.forced_splits > 1) {
+        // The combine kernel has nothing to do for a step whose host-built
+        // schedule has no split; a graph being captured keeps it, as a
+        // replay may follow a step that splits.
+        bool combine = g.mode != SPLIT_FORCED || g.forced_splits > 1;
+        if (combine && !step_may_split_) {
+            hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+            MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
+            combine = capture != hipStreamCaptureStatusNone;
+        }
+        if (combine) {
             CombineParams c{};
             c.summary = summary();
             c.seqs = seqs();
@@ -260,6 +272,7 @@ private:
     void *validation_ = nullptr;
     hipEvent_t upload_done_ = nullptr;
     bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
+    bool step_may_split_ = true;     // false after a host-built schedule without splits
 };
 
 }  // namespace

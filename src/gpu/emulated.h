@@ -60,6 +60,7 @@ enum hipDeviceAttribute_t {
 };
 enum hipFuncAttribute { hipFuncAttributeMaxDynamicSharedMemorySize };
 enum hipStreamCaptureMode { hipStreamCaptureModeGlobal, hipStreamCaptureModeThreadLocal };
+enum hipStreamCaptureStatus { hipStreamCaptureStatusNone, hipStreamCaptureStatusActive };
 constexpr unsigned hipEventDisableTiming = 2, hipStreamNonBlocking = 1;
 
 namespace mla {
@@ -136,6 +137,10 @@ inline hipError_t hipStreamCreate(hipStream_t *s) {
 inline hipError_t hipStreamCreateWithFlags(hipStream_t *s, unsigned) { return hipStreamCreate(s); }
 inline hipError_t hipStreamDestroy(hipStream_t) { return hipSuccess; }
 inline hipError_t hipStreamSynchronize(hipStream_t) { return hipSuccess; }
+inline hipError_t hipStreamIsCapturing(hipStream_t, hipStreamCaptureStatus *status) {
+    *status = hipStreamCaptureStatusNone;  // (graphs are not emulated)
+    return hipSuccess;
+}
 inline hipError_t hipEventCreateWithFlags(hipEvent_t *e, unsigned) {
     *e = mla::emu::stream_token();
     return hipSuccess;

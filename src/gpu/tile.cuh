@@ -251,22 +251,35 @@ struct Wgmma {
         MACRO("bf16");         \
     }
 
-    // d[64 x N] (+)= A[64 x 16] B[16 x N] of bf16 (F16: f16) elements;
-    // accumulate = false overwrites d.
+    // d[64 x N] (+)= A[64 x 16] B[16 x N] of bf16 (F16: f16) elements, N 16
+    // or 32; accumulate = false overwrites d.
     template <int N, bool F16>
     __device__ static void mma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
 #if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
         emu::wgmma(d, N, F16, a, b, accumulate);
 #elif defined(MLA_TILE_WGMMA)
-        static_assert(N == 16, "wgmma shapes: m64n16k16");
+        static_assert(N == 16 || N == 32, "wgmma shapes: m64n16k16, m64n32k16");
 #define MLA_WGMMA_M64N16K16(type)                                                                              \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                  \
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32." type "." type " {%0,%1,%2,%3,%4,%5,%6,%7}, "     \
                  "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"                                                      \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
-        MLA_WGMMA_TYPED(MLA_WGMMA_M64N16K16);
+#define MLA_WGMMA_M64N32K16(type)                                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." type "." type                                   \
+                 " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),       \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
+        if constexpr (N == 16) {
+            MLA_WGMMA_TYPED(MLA_WGMMA_M64N16K16);
+        } else {
+            MLA_WGMMA_TYPED(MLA_WGMMA_M64N32K16);
+        }
 #undef MLA_WGMMA_M64N16K16
+#undef MLA_WGMMA_M64N32K16
 #else
         (void)d, (void)a, (void)b, (void)accumulate;
 #endif
@@ -282,15 +295,28 @@ struct Wgmma {
 #if defined(MLA_TILE_WGMMA) && defined(MLA_GPU_EMULATED)
         emu::wgmma_ss(d, N, F16, a, TRANS_A, b, accumulate);
 #elif defined(MLA_TILE_WGMMA)
-        static_assert(N == 16, "wgmma shapes: m64n16k16");
+        static_assert(N == 16 || N == 32, "wgmma shapes: m64n16k16, m64n32k16");
 #define MLA_WGMMA_SS_M64N16K16(type)                                                                           \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                                  \
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32." type "." type " {%0,%1,%2,%3,%4,%5,%6,%7}, "     \
                  "%8, %9, p, 1, 1, %11, 0;\n}\n"                                                                \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
                  : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TRANS_A)))
-        MLA_WGMMA_TYPED(MLA_WGMMA_SS_M64N16K16);
+#define MLA_WGMMA_SS_M64N32K16(type)                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." type "." type                                   \
+                 " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, 0;\n}\n"     \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),       \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])      \
+                 : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TRANS_A)))
+        if constexpr (N == 16) {
+            MLA_WGMMA_TYPED(MLA_WGMMA_SS_M64N16K16);
+        } else {
+            MLA_WGMMA_TYPED(MLA_WGMMA_SS_M64N32K16);
+        }
 #undef MLA_WGMMA_SS_M64N16K16
+#undef MLA_WGMMA_SS_M64N32K16
 #else
         (void)d, (void)a, (void)b, (void)accumulate;
 #endif
