@@ -90,6 +90,12 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     ScheduleSummary &sum = out.summary;
     sum = ScheduleSummary{};
     sum.target_blocks = g.mode == SPLIT_BALANCED ? balanced_target_blocks(total_blocks, g) : 0;
+    if (g.mode == SPLIT_BALANCED) {
+        int64_t items_at_target = 0;
+        for (const SeqSchedule &s : out.seqs)
+            items_at_target += int64_t(seq_splits(s.q_len, seq_blocks(s.kv_len, g), sum.target_blocks, g)) * g.head_blocks;
+        sum.target_blocks = refined_target_blocks(sum.target_blocks, items_at_target, g);
+    }
     int32_t items = 0, partials = 0;
     int32_t class_items[kItemClasses] = {};
     for (int32_t b = 0; b < n; ++b) {

@@ -125,6 +125,20 @@ MLA_HD int32_t balanced_target_blocks(int64_t total_blocks, const ScheduleGeomet
     return per_worker > g.min_split_blocks ? int32_t(per_worker) : g.min_split_blocks;
 }
 
+// Balanced mode, once the items at `target` are counted: between one and
+// one and a half waves of workers (a ragged batch, whose short sequences
+// add items), the short last wave of target-sized items sets the time;
+// items of half the size, issued largest class first, even it out. From
+// 1.5 waves on the greedy order already does, and items under
+// kMinRefinedBlocks cost more in their fixed prologue, epilogue and
+// partial than the balance gains (H200, docs/performance.md v10).
+constexpr int32_t kMinRefinedBlocks = 8;
+MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, const ScheduleGeometry &g) {
+    const int32_t half = (target + 1) / 2;  // target / half <= 2: max_work_items' bound
+    const bool partial_wave = items > g.workers && 2 * items < 3 * int64_t(g.workers);
+    return partial_wave && half >= kMinRefinedBlocks && half >= g.min_split_blocks ? half : target;
+}
+
 // KV splits of a sequence of `blocks` blocks; never an empty split.
 MLA_HD int32_t seq_splits(int32_t q_len, int32_t blocks, int32_t target_blocks, const ScheduleGeometry &g) {
     if (q_len == 0) return 0;
@@ -199,7 +213,7 @@ MLA_HD int32_t max_work_items(const ScheduleGeometry &g) {
     int64_t n;
     if (g.mode == SPLIT_FORCED) n = seq_items * g.forced_splits;
     else if (g.mode == SPLIT_DETERMINISTIC) n = seq_items * g.det_max_splits;
-    else n = seq_items + g.workers;  // sum of ceil(blocks/target) <= workers + sequences
+    else n = seq_items + 2 * int64_t(g.workers);  // sum of ceil(blocks/target) <= 2 workers + sequences
     return int32_t(n < INT32_MAX ? n : INT32_MAX);
 }
 

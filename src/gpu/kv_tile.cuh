@@ -127,8 +127,10 @@ struct KvTile {
             const int tok = t0 + warp + lane * kWarps;
             if (page >= 0) my_row = (page << p.page_shift) + (tok & ((1 << p.page_shift) - 1));
         }
-        const uint64_t my_src = reinterpret_cast<uintptr_t>(p.kv + (my_row < 0 ? 0 : my_row) * kRowBytes);
-        const int my_bytes = my_row < 0 ? 0 : 16;
+        // The row's address; bit 0 set (KV rows are 16-byte aligned) where
+        // the copies zero-fill instead (one register and one shuffle a row).
+        const uint64_t my_src = my_row < 0 ? reinterpret_cast<uintptr_t>(p.kv) | 1u
+                                           : reinterpret_cast<uintptr_t>(p.kv + my_row * kRowBytes);
         look_up(p, w, t0 + N);  // for the next call; not waited on here
         constexpr int kChunks = kRowBytes / 16;
         constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
@@ -145,8 +147,9 @@ struct KvTile {
                                     : stage_base + warp * kLd + lane * 16;
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
-            const uint8_t *src = reinterpret_cast<const uint8_t *>(uintptr_t(MLA_SHFL(my_src, i))) + lane * 16;
-            const int bytes = MLA_SHFL(my_bytes, i);
+            const uint64_t row_src = MLA_SHFL(my_src, i);
+            const uint8_t *src = reinterpret_cast<const uint8_t *>(uintptr_t(row_src & ~uint64_t(1))) + lane * 16;
+            const int bytes = row_src & 1u ? 0 : 16;
             uint8_t *dst = dst_lane[i % kSwizzlePeriod] + i * kWarps * (kSwizzled ? 128 : kLd);
 #pragma unroll
             for (int k = 0; k < (kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE; ++k)

@@ -79,6 +79,7 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     using ItemCounts = Counts<kItemClasses + 1>;
     __shared__ ItemCounts warp_sums[kMetaWarps];
     __shared__ unsigned long long total_blocks;
+    __shared__ unsigned long long total_items_at_target;  // balanced mode: items at the first target
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
     __shared__ int total_q;
@@ -86,6 +87,7 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     auto sched = [&](int b) -> SeqSchedule & { return b < kCachedSeqs ? cached[b] : p.seqs[b]; };
     if (tid == 0) {
         total_blocks = 0;
+        total_items_at_target = 0;
         first_error = INT_MAX;
         max_splits = 0;
         total_q = p.qo_indptr[0];  // n == 0; else the last sequence's thread sets it
@@ -142,7 +144,18 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         return;
     }
 
-    const int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
+    int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
+    if (g.mode == SPLIT_BALANCED) {  // (schedule.cpp: the same two steps)
+        int items = 0;
+        for (int b = b_begin; b < b_end; ++b) {
+            const SeqSchedule &s = sched(b);
+            items += seq_splits(s.q_len, seq_blocks(s.kv_len, g), target, g) * g.head_blocks;
+        }
+        items = warp_sum(items);
+        if (lane == 0) atomicAdd(&total_items_at_target, (unsigned long long)items);
+        __syncthreads();
+        target = refined_target_blocks(target, (long long)total_items_at_target, g);
+    }
     ItemCounts counts{};
     int local_max = 0;
     for (int b = b_begin; b < b_end; ++b) {
