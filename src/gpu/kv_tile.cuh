@@ -115,8 +115,8 @@ struct KvTile {
     // other pages are clamped into the pool when its size is known. Each
     // warp copies whole rows (warp, warp + kWarps, ...): the lane that
     // looked a row up computes its address once and passes it round by
-    // shuffles, so no barrier is needed, and the per-row work is two
-    // shuffles and the copies (offsets fixed per lane and row parity).
+    // shuffles, so no barrier is needed, and the per-row work is one 64-bit
+    // shuffle and the copies (offsets fixed per lane and row parity).
     // MXFP4 needs finish_issue(stage) before the stage's async_wait barrier.
     __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage) {
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
