@@ -79,7 +79,6 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     using ItemCounts = Counts<kItemClasses + 1>;
     __shared__ ItemCounts warp_sums[kMetaWarps];
     __shared__ unsigned long long total_blocks;
-    __shared__ unsigned long long total_items_at_target;  // balanced mode: items at the first target
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
     __shared__ int total_q;
@@ -87,7 +86,6 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
     auto sched = [&](int b) -> SeqSchedule & { return b < kCachedSeqs ? cached[b] : p.seqs[b]; };
     if (tid == 0) {
         total_blocks = 0;
-        total_items_at_target = 0;
         first_error = INT_MAX;
         max_splits = 0;
         total_q = p.qo_indptr[0];  // n == 0; else the last sequence's thread sets it
@@ -144,38 +142,36 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         return;
     }
 
+    // Splits and item counts at the balanced target; in balanced mode a
+    // second pass at the refined target where refined_target_blocks moves it
+    // (schedule.cpp: the same steps).
     int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
-    if (g.mode == SPLIT_BALANCED) {  // (schedule.cpp: the same two steps)
-        int items = 0;
+    ItemCounts totals, cursor;
+    int total_items, local_max;
+    for (int pass = 0;; ++pass) {
+        ItemCounts counts{};
+        local_max = 0;
         for (int b = b_begin; b < b_end; ++b) {
-            const SeqSchedule &s = sched(b);
-            items += seq_splits(s.q_len, seq_blocks(s.kv_len, g), target, g) * g.head_blocks;
+            SeqSchedule &s = sched(b);
+            const int kv_blocks = seq_blocks(s.kv_len, g);
+            s.splits = seq_splits(s.q_len, kv_blocks, target, g);
+            counts.v[item_class(kv_blocks, s.splits, target)] += s.splits * g.head_blocks;
+            if (s.splits > 1) counts.v[kPartials] += s.splits * g.head_blocks;
+            local_max = max(local_max, s.splits);
         }
-        items = warp_sum(items);
-        if (lane == 0) atomicAdd(&total_items_at_target, (unsigned long long)items);
-        __syncthreads();
-        target = refined_target_blocks(target, (long long)total_items_at_target, g);
-    }
-    ItemCounts counts{};
-    int local_max = 0;
-    for (int b = b_begin; b < b_end; ++b) {
-        SeqSchedule &s = sched(b);
-        const int kv_blocks = seq_blocks(s.kv_len, g);
-        s.splits = seq_splits(s.q_len, kv_blocks, target, g);
-        counts.v[item_class(kv_blocks, s.splits, target)] += s.splits * g.head_blocks;
-        if (s.splits > 1) counts.v[kPartials] += s.splits * g.head_blocks;
-        local_max = max(local_max, s.splits);
+        cursor = block_exclusive_scan(counts, warp_sums, &totals);
+        total_items = 0;
+#pragma unroll
+        for (int c = 0; c < kItemClasses; ++c) total_items += totals.v[c];
+        const int refined = pass == 0 && g.mode == SPLIT_BALANCED ? refined_target_blocks(target, total_items, g) : target;
+        if (refined == target) break;
+        target = refined;
+        __syncthreads();  // every thread has read warp_sums before the next scan rewrites it
     }
     local_max = warp_max(local_max);
     if (lane == 0) atomicMax(&max_splits, local_max);
-    ItemCounts totals;
-    ItemCounts cursor = block_exclusive_scan(counts, warp_sums, &totals);
-    int total_items = 0;
 #pragma unroll
-    for (int c = 0; c < kItemClasses; ++c) {  // classes one after the other
-        cursor.v[c] += total_items;
-        total_items += totals.v[c];
-    }
+    for (int c = 0, base = 0; c < kItemClasses; base += totals.v[c++]) cursor.v[c] += base;  // classes in order
     const int total_partials = totals.v[kPartials];
     const bool fits = total_items <= g.max_items;
     for (int b = b_begin; b < b_end; ++b) {
