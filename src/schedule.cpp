@@ -90,18 +90,29 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     ScheduleSummary &sum = out.summary;
     sum = ScheduleSummary{};
     sum.target_blocks = g.mode == SPLIT_BALANCED ? balanced_target_blocks(total_blocks, g) : 0;
-    if (g.mode == SPLIT_BALANCED) {
+    // Splits at the target; in balanced mode again at the refined target
+    // where refined_target_blocks moves it (metadata.cu: the same steps).
+    auto assign_splits = [&]() {
         int64_t items_at_target = 0;
-        for (const SeqSchedule &s : out.seqs)
-            items_at_target += int64_t(seq_splits(s.q_len, seq_blocks(s.kv_len, g), sum.target_blocks, g)) * g.head_blocks;
-        sum.target_blocks = refined_target_blocks(sum.target_blocks, items_at_target, g);
+        for (SeqSchedule &s : out.seqs) {
+            s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), sum.target_blocks, g);
+            items_at_target += int64_t(s.splits) * g.head_blocks;
+        }
+        return items_at_target;
+    };
+    const int64_t items_at_target = assign_splits();
+    if (g.mode == SPLIT_BALANCED) {
+        const int32_t refined = refined_target_blocks(sum.target_blocks, items_at_target, g);
+        if (refined != sum.target_blocks) {
+            sum.target_blocks = refined;
+            assign_splits();
+        }
     }
     int32_t items = 0, partials = 0;
     int32_t class_items[kItemClasses] = {};
     for (int32_t b = 0; b < n; ++b) {
         SeqSchedule &s = out.seqs[size_t(b)];
         const int32_t blocks = seq_blocks(s.kv_len, g);
-        s.splits = seq_splits(s.q_len, blocks, sum.target_blocks, g);
         s.partial_first = s.splits > 1 ? partials : -1;
         class_items[item_class(blocks, s.splits, sum.target_blocks)] += s.splits * g.head_blocks;
         items += s.splits * g.head_blocks;

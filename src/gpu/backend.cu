@@ -148,8 +148,7 @@ public:
                                        h + layout_.items_offset, sched.items.size() * sizeof(WorkItem),
                                        hipMemcpyHostToDevice, s));
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
-        step_may_split_ = false;
-        for (const SeqSchedule &q : sched.seqs) step_may_split_ |= q.splits > 1;
+        step_may_split_ = sched.summary.max_splits > 1;
         return MLA_SUCCESS;
     }
 

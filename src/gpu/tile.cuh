@@ -394,18 +394,6 @@ __device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool 
     copy16_async_zfill(smem, gmem, valid ? 16 : 0);
 }
 
-// 4 bytes from a 4-byte aligned address.
-__device__ __forceinline__ void copy4_async(void *smem, const void *gmem, bool valid) {
-#if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
-    emu::cp_async(smem, gmem, 4, valid ? 4 : 0);
-#elif defined(MLA_TILE_MMA_SYNC)
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
-#else
-    *static_cast<uint32_t *>(smem) = valid ? *static_cast<const uint32_t *>(gmem) : 0u;
-#endif
-}
-
 __device__ __forceinline__ void async_commit() {
 #if defined(MLA_TILE_MMA_SYNC) && defined(MLA_GPU_EMULATED)
     emu::cp_async_commit();
