@@ -1,16 +1,18 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
 // items of 16 or 32 query rows (16 or 32 heads at q_len 1: the decode shapes
-// of serving) with bf16 or OCP E4M3 KV.
-// One CTA is one warpgroup and one work item, as in attention.cuh, but the
-// products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
+// of serving) with bf16 or OCP E4M3 KV, and of 16 rows with MXFP4 KV.
+// One consumer warpgroup computes one work item, as in attention.cuh, but
+// the products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
 // the tile's 64 tokens on the M = 64 of the wgmma and the rows on its N,
 // so nothing is padded; Q and P are the B operands in shared memory. bf16 K
 // and V^T are A operands read straight from the stage (128-byte-swizzled:
 // no decode; one CTA per SM, a 74 KB tile in flight while one is computed).
 // E4M3 K and V are decoded from the raw stage into A fragments in registers
-// (two CTAs per SM). (E4M3 and MXFP4 decoded once per tile into a swizzled
-// 16-bit operand tile, and MXFP4 decoded into fragments, were correct but
-// slower on the H200: docs/performance.md, v8 and v9.)
+// (two CTAs per SM). MXFP4 tiles are decoded by a second, producer
+// warpgroup into swizzled bf16 tiles that the consumer reads as it reads
+// bf16 stages (one CTA per SM). (E4M3 and MXFP4 decoded by the consumer's
+// own warps into a swizzled tile, and MXFP4 decoded into fragments, were
+// correct but slower on the H200: docs/performance.md, v8 and v9.)
 //
 // E4M3's operands are f16, not bf16: E4M3 -> f16 is one cvt per pair (bf16
 // takes four instructions) and exact. Q is staged as f16 times a power of
@@ -37,7 +39,8 @@ namespace gpu {
 // Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
 constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
-    return (rows == 16 || rows == 32) && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16);
+    return ((rows == 16 || rows == 32) && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16)) ||
+           (rows == 16 && kv == MLA_DTYPE_MXFP4);
 #else
     (void)rows, (void)kv;
     return false;
@@ -46,17 +49,33 @@ constexpr bool uses_wgmma(int rows, int kv) {
 
 template <int ROWS, int KV>
 struct WgmmaShape {
-    // One warpgroup. (Two, each with half of S^T's reduction, added through
-    // shared memory, and half of O^T's dims, had twice the warps per SM but
-    // measured 4% slower on the H200: docs/performance.md, v7.)
-    static constexpr int kThreads = 128;
-    static constexpr int kWarps = kThreads / 32;
+    // One warpgroup computes (two, each with half of S^T's reduction, added
+    // through shared memory, and half of O^T's dims, measured 4% slower on
+    // the H200: docs/performance.md, v7). MXFP4 adds a producer warpgroup
+    // that stages the raw tiles and decodes each into a swizzled bf16 tile
+    // while the consumer computes the previous one (decoding in the
+    // consumer's own warps left a 4-warp CTA 2.3x slower than the mma.sync
+    // kernel: v9).
+    static constexpr bool kProducer = KV == MLA_DTYPE_MXFP4;
+    static constexpr int kConsumerThreads = 128;
+    // (Two producer warpgroups measured the same as one on the H200: the SM
+    // is bound by the instructions it issues, not by warps to issue them.)
+    static constexpr int kProducerThreads = kProducer ? 128 : 0;
+    static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+    static constexpr int kWarps = kConsumerThreads / 32;  // the consumer's
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
-    static constexpr int kStages = 2;     // tile j + 1 loads while tile j is computed
-    // bf16 stages swizzled, read by the products straight from shared
-    // memory; E4M3 stages raw rows, decoded into A fragments.
-    using Kv = KvTile<KV, N, kStages, kThreads, KV == MLA_DTYPE_BF16>;
-    static_assert(!uses_wgmma(ROWS, KV) || Kv::kScaleBytes == 0, "no block scales (MXFP4) on this kernel");
+    static constexpr int kStages = 2;     // tile j + 1 loads (or decodes) while tile j is computed
+    // What the products read: bf16 stages swizzled, read straight from
+    // shared memory (bf16 KV, and MXFP4's decoded tiles); E4M3 stages raw
+    // rows, decoded into A fragments.
+    static constexpr int kOperandKv = kProducer ? MLA_DTYPE_BF16 : KV;
+    using Kv = KvTile<kOperandKv, N, kStages, kConsumerThreads, kOperandKv == MLA_DTYPE_BF16>;
+    // The producer's raw stages (MXFP4): three, so that two tiles load while
+    // one is decoded.
+    static constexpr int kRawStages = 3;
+    using Raw = KvTile<KV, N, kRawStages, kProducer ? kProducerThreads : kConsumerThreads, false>;
+    static constexpr int kRawBytes = kProducer ? Raw::kLandingBytes + Raw::kScaleBytes : 0;
+    static_assert(!uses_wgmma(ROWS, KV) || Kv::kScaleBytes == 0, "block scales only in the producer's stages");
     static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
     static constexpr int kRowsPerThread = ROWS / 4;          // query rows 8i + 2t + c of a lane
     static constexpr int kOBlocks = MLA_HEAD_DIM_V / 64;     // M blocks of O^T
@@ -69,8 +88,8 @@ struct WgmmaShape {
     static constexpr int kRedBytes = kWarps * ROWS * 4;      // per-warp row maxima / sums
     static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
     static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
-    static constexpr int kSmemBytes =
-        Kv::kLandingBytes + kQBytes + 2 * kPBytes + kRedBytes + kStatBytes + Kv::kLandingAlign - 16;
+    static constexpr int kSmemBytes = Kv::kLandingBytes + kRawBytes + kQBytes + 2 * kPBytes + kRedBytes + kStatBytes +
+                                      Kv::kLandingAlign - 16;
     // Two CTAs per SM where they fit (one's copies and barriers overlap the
     // other's math): E4M3. bf16's two 74 KB stages fit one; its warps only
     // issue copies and wgmmas, so one tile in flight per SM streams.
@@ -78,6 +97,24 @@ struct WgmmaShape {
     static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16 || ROWS == 32, "wgmma shapes: m64n16k16, m64n32k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
     static_assert(!uses_wgmma(ROWS, KV) || kSmemBytes + 1024 <= 228 * 1024, "fits an SM");
+
+    // Named barriers (tile.cuh) of the consumer warpgroup alone, of the
+    // producer's alone, and of the hand-over of decoded tile buffer b: full
+    // (producer -> consumer) and empty (consumer -> producer).
+    static constexpr int kConsumerBarrier = 1, kProducerBarrier = 2;
+    static constexpr int full_barrier(int b) { return 3 + b; }
+    static constexpr int empty_barrier(int b) { return 3 + kStages + b; }
+    // A barrier of the consumer's threads (the whole CTA without a producer).
+    __device__ static void consumer_sync() {
+        if (kProducer) {
+            barrier_sync(kConsumerBarrier, kConsumerThreads);
+        } else {
+            __syncthreads();
+        }
+    }
+    __device__ static int consumer_sync_or(int predicate) {
+        return kProducer ? barrier_sync_or(kConsumerBarrier, kConsumerThreads, predicate) : __syncthreads_or(predicate);
+    }
 };
 
 // A score more than this above the reference maximum (log2 units) moves it.
@@ -183,6 +220,49 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
     return bits_to_float(uint32_t(127 - shift) << 23);
 }
 
+// The producer warpgroup of an item (MXFP4): stages the raw tiles (tiles
+// j + 1 and j + 2 load while tile j is decoded; one commit group per tile,
+// empty or not), decodes tile j into decoded buffer j % 2 once the consumer
+// has released that buffer's tile j - 2, and hands it over.
+template <class S>
+__device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &w, int num_tiles, uint8_t *raw_landing,
+                                      uint8_t *raw_scales, uint8_t *decoded) {
+    using Raw = typename S::Raw;
+    constexpr int N = S::N, kRaw = S::kRawStages;
+    Raw raw;
+    raw.landing = raw_landing, raw.scales = raw_scales, raw.converted = nullptr;
+    // A tile's scales are loaded into registers by its issue() and stored
+    // before the next issue() (whose loads reuse the registers), or, for the
+    // last tile, at the top of its iteration.
+    int pending = -1;  // the raw stage whose scales are still in registers
+    auto issue = [&](int t) {
+        if (pending >= 0) raw.finish_issue(pending);
+        raw.issue(p, w, w.kv_begin + t * N, t % kRaw);
+        pending = t % kRaw;
+    };
+    raw.look_up(p, w, w.kv_begin);
+#pragma unroll
+    for (int t = 0; t < kRaw - 1; ++t) {
+        if (t < num_tiles) issue(t);
+        async_commit();
+    }
+    for (int j = 0; j < num_tiles; ++j) {
+        if (j + 1 == num_tiles && pending >= 0) raw.finish_issue(pending);
+        async_wait<kRaw - 2>();  // tile j has landed
+        // ... for every producer thread (its scales too), and every one is
+        // done decoding tile j - 1, whose stage tile j + kRaw - 1 reuses.
+        barrier_sync(S::kProducerBarrier, S::kProducerThreads);
+        if (j + kRaw - 1 < num_tiles) issue(j + kRaw - 1);
+        async_commit();
+        const int b = j % S::kStages;
+        if (j >= S::kStages) barrier_sync(S::empty_barrier(b), S::kThreads);  // tile j - 2's products are done
+        raw.template decode_mxfp4<true>(j % kRaw, decoded + b * (S::Kv::kLandingBytes / S::kStages));
+        fence_proxy_async();  // the decoded tile is visible to the consumer's wgmmas ...
+        barrier_arrive(S::full_barrier(b), S::kThreads);  // ... once it has passed this barrier
+    }
+    async_wait<0>();
+}
+
 template <int ROWS, int KV>
 __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<ROWS, KV>::kMinBlocksPerSm))
     attention_wgmma_kernel(const AttentionParams p) {
@@ -202,7 +282,9 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     uint8_t *cursor = smem;  // (16-byte aligned; the stages first, at their alignment)
     cursor += (Kv::kLandingAlign - Wgmma::shared_address(cursor) % Kv::kLandingAlign) % Kv::kLandingAlign;
     Kv kv;
-    kv.landing = cursor; cursor += Kv::kLandingBytes;
+    kv.landing = cursor; cursor += Kv::kLandingBytes;  // (with a producer: the decoded tiles)
+    uint8_t *raw_landing = cursor; cursor += S::kProducer ? S::Raw::kLandingBytes : 0;
+    uint8_t *raw_scales = cursor; cursor += S::kProducer ? S::Raw::kScaleBytes : 0;
     uint8_t *qs = cursor; cursor += S::kQBytes;
     kv.scales = nullptr, kv.converted = nullptr;  // (MXFP4, shared-memory decode)
     uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
@@ -214,15 +296,24 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int heads = min(p.heads_per_block, p.num_heads - h0);
     const int rows_valid = w.q_len * heads;
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
+    if constexpr (S::kProducer) {
+        if (tid >= S::kConsumerThreads) {
+            produce_decoded_tiles<S>(p, w, num_tiles, raw_landing, raw_scales, kv.landing);
+            return;
+        }
+    }
 
     // Tiles 0 and 1 in flight from the start (tile j + 1 is issued at the
     // top of iteration j >= 1, once every warp is done with tile j - 1's
-    // stage); one commit group per tile, empty or not.
-    kv.look_up(p, w, w.kv_begin);
-    if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
-    const float q_unscale = load_q_wgmma<Kv, ROWS, S::kThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
+    // stage); one commit group per tile, empty or not. (With a producer,
+    // only Q's copies.)
+    if (!S::kProducer) {
+        kv.look_up(p, w, w.kv_begin);
+        if (num_tiles > 0) kv.issue(p, w, w.kv_begin, 0);
+    }
+    const float q_unscale = load_q_wgmma<Kv, ROWS, S::kConsumerThreads>(p, w, h0, heads, qs, S::kChunkBytes, red);
     async_commit();  // tile 0 (and Q, when copied asynchronously)
-    if (num_tiles > 1) kv.issue(p, w, w.kv_begin + N, 1);
+    if (!S::kProducer && num_tiles > 1) kv.issue(p, w, w.kv_begin + N, 1);
     async_commit();
 
     // This lane's query rows: row(r) = 8 (r / 2) + 2t + (r & 1); the
@@ -247,18 +338,26 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N;
-        if (j == 0) {
-            async_wait<1>();  // tile 0 has landed (tile 1 may not have)
+        if (S::kProducer) {
+            if (j == 0) {
+                async_wait<0>();  // Q has landed
+                fence_proxy_async();
+            }
+            barrier_sync(S::full_barrier(stage), S::kThreads);  // tile j is decoded (and Q visible to every thread)
         } else {
-            async_wait<0>();  // tile j has landed
+            if (j == 0) {
+                async_wait<1>();  // tile 0 has landed (tile 1 may not have)
+            } else {
+                async_wait<0>();  // tile j has landed
+            }
+            if (Kv::kSwizzled) fence_proxy_async();  // ... and is visible to the wgmmas that read it
+            __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
         }
-        if (Kv::kSwizzled) fence_proxy_async();  // ... and is visible to the wgmmas that read it
-        __syncthreads();  // ... for every thread, and every warp is done with tile j - 1's stage
 
         // S^T; tile j + 1's copies are issued while the first products run.
         float s_acc[kSRegs];
         kv.template wgmma_qk<ROWS>(s_acc, q_desc, S::kStepBytes, stage, [&]() {
-            if (j > 0) {
+            if (!S::kProducer && j > 0) {
                 if (j + 1 < num_tiles) kv.issue(p, w, t0 + N, (j + 1) % S::kStages);
                 async_commit();
             }
@@ -293,7 +392,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
             fence_proxy_async();
         };
         write_p();
-        if (__syncthreads_or(over)) {
+        if (S::consumer_sync_or(over)) {
             // Some row's reference moves: this tile's row maxima, by shuffles
             // over the lanes of a row, then over the warps through shared memory.
             float mt[kRows];
@@ -307,7 +406,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
                 for (int off = 4; off < 32; off <<= 1) mt[r] = fmaxf(mt[r], MLA_SHFL_XOR(mt[r], off));
                 if (g == 0) red[warp * ROWS + row_of(r)] = mt[r];
             }
-            __syncthreads();
+            S::consumer_sync();
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
                 float m_new = m_ref[r];
@@ -323,12 +422,14 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
                         for (int b = 0; b < kOBlocks; ++b) o_acc[b][e] *= alpha;
             }
             write_p();
-            __syncthreads();
+            S::consumer_sync();
         }
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) l_part[reg_row(e)] += p_val[e];
 
         kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(pb, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
+        // The producer may decode tile j + 2 into this buffer (if it waits for it).
+        if (S::kProducer && j + S::kStages < num_tiles) barrier_arrive(S::empty_barrier(stage), S::kThreads);
     }
     async_wait<0>();
 
@@ -339,11 +440,11 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 #pragma unroll
         for (int off = 4; off < 32; off <<= 1) l_part[r] += MLA_SHFL_XOR(l_part[r], off);
     }
-    __syncthreads();  // every warp is done with the stages (O is staged there) and with red
+    S::consumer_sync();  // every warp is done with the stages (O is staged there) and with red
     if (g == 0)
 #pragma unroll
         for (int r = 0; r < kRows; ++r) red[warp * ROWS + row_of(r)] = l_part[r];
-    __syncthreads();
+    S::consumer_sync();
     float *os = reinterpret_cast<float *>(kv.landing);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -361,12 +462,12 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
                 for (int b = 0; b < kOBlocks; ++b)
                     os[row_of(r) * S::kOLd + Kv::wgmma_pv_dim(b, warp, lane, e)] = o_acc[b][e] * inv;
     }
-    __syncthreads();
+    S::consumer_sync();
 
     // Epilogue: bf16 out + lse, or the float partial + lse, 16 bytes a thread.
     float *slot = w.partial_slot >= 0 ? p.partials + int64_t(w.partial_slot) * p.slot_floats : nullptr;
     constexpr int kQuads = MLA_HEAD_DIM_V / 4;
-    for (int u = tid; u < rows_valid * kQuads; u += S::kThreads) {
+    for (int u = tid; u < rows_valid * kQuads; u += S::kConsumerThreads) {
         const int r = u / kQuads, c = (u - r * kQuads) * 4;
         const float4 v = *reinterpret_cast<const float4 *>(os + r * S::kOLd + c);
         if (slot) {

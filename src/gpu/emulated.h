@@ -17,9 +17,10 @@
 //                             (copies and wgmmas complete only when a
 //                             wait_group requires them, the latest the PTX
 //                             rules allow, so a read before its wait sees
-//                             stale data).
+//                             stale data), named barriers (bar.sync /
+//                             bar.arrive id, count).
 // Barrier divergence (a warp whose lanes wait at different barriers, or a
-// CTA barrier that some threads never reach) aborts with a message.
+// CTA or named barrier that some threads never reach) aborts with a message.
 // Kernel launches are serialised process-wide. Context switches are a few
 // instructions on x86-64 (ucontext elsewhere); a barrier costs ~10 ns a thread.
 #pragma once
@@ -210,7 +211,8 @@ inline int max(int a, int b) { return a > b ? a : b; }
 namespace mla {
 namespace emu {
 
-enum FiberState { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
+enum FiberState { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kAtNamedBarrier, kDone };
+constexpr int kNamedBarriers = 16;
 constexpr int kExchangeWords = 8;
 
 struct Fiber {
@@ -220,6 +222,8 @@ struct Fiber {
     ucontext_t ctx;
 #endif
     FiberState state;
+    int named_barrier;  // the barrier id it waits at (kAtNamedBarrier)
+    int named_result;   // the OR of the predicates of the barrier it waited at
     std::vector<char> stack;
 };
 
@@ -271,6 +275,10 @@ struct Cta {
         std::deque<std::vector<Wgmma>> groups;
     };
     std::vector<AsyncWgmmas> wgmmas;        // per thread (wgmma.mma_async)
+    struct NamedBarrier {
+        int arrived = 0, expected = 0, any = 0;
+    };
+    NamedBarrier named[kNamedBarriers];  // bar.sync / bar.arrive id, count
     std::vector<unsigned char> dynamic_smem;
     const std::function<void()> *body = nullptr;
 };
@@ -365,6 +373,7 @@ inline void run_cta() {
                 at_block += s == kAtBlockBarrier;
             }
             if (live) all_done = false;
+            if (live != waiting + at_block) all_at_block = false;  // (some at a named barrier or runnable)
             if (waiting && at_block) deadlock("lanes of one warp wait at different barriers");
             if (waiting) all_at_block = false;
             if (waiting && waiting == live) {
@@ -375,7 +384,10 @@ inline void run_cta() {
         }
         if (all_done) return;
         if (released) continue;
-        if (!all_at_block) deadlock("a warp barrier that not every live lane reaches");
+        bool runnable = false;  // released by a named barrier after the sweep passed it
+        for (int t = 0; t < n; ++t) runnable |= c.fibers[size_t(t)].state == kRunnable;
+        if (runnable) continue;
+        if (!all_at_block) deadlock("a warp or named barrier that not every thread it waits for reaches");
         for (int t = 0; t < n; ++t)
             if (c.fibers[size_t(t)].state == kAtBlockBarrier) c.fibers[size_t(t)].state = kRunnable;
     }
@@ -410,6 +422,7 @@ struct Launch {
             // Copies a previous CTA left in flight are dropped with its shared memory.
             for (Cta::AsyncCopies &q : c.copies) q = Cta::AsyncCopies{};
             for (Cta::AsyncWgmmas &q : c.wgmmas) q = Cta::AsyncWgmmas{};
+            for (Cta::NamedBarrier &b : c.named) b = Cta::NamedBarrier{};
             run_cta();
         }
         c.body = nullptr;
@@ -638,6 +651,34 @@ inline int syncthreads_or(int predicate) {
         if (c.fibers[t].state != kDone && c.lanes[t]) any = 1;
     wait_at(kAtBlockBarrier);  // every thread has read the predicates before any reuses its slot
     return any;
+}
+
+// bar.sync / bar.arrive / bar.red.or with a barrier id and a thread count:
+// the barrier completes when `count` threads have arrived (waiting or not);
+// the waiters resume then. Returns whether any arriving thread's predicate
+// was non-zero (for the waiters and the completing thread).
+inline int named_barrier(int id, int count, bool wait, int predicate) {
+    Cta &c = cta();
+    if (id <= 0 || id >= kNamedBarriers || count <= 0 || count > int(c.threads) || count % MLA_WARP_SIZE)
+        deadlock("named barrier id or thread count out of range");
+    Cta::NamedBarrier &b = c.named[id];
+    if (b.arrived > 0 && b.expected != count) deadlock("named barrier used with two thread counts at once");
+    b.expected = count;
+    b.any |= predicate != 0;
+    if (++b.arrived == count) {
+        const int any = b.any;
+        for (unsigned t = 0; t < c.threads; ++t) {
+            Fiber &f = c.fibers[t];
+            if (f.state == kAtNamedBarrier && f.named_barrier == id) f.state = kRunnable, f.named_result = any;
+        }
+        b = Cta::NamedBarrier{};
+        return any;
+    }
+    if (!wait) return 0;
+    Fiber &self = c.fibers[size_t(c.current)];
+    self.named_barrier = id;
+    wait_at(kAtNamedBarrier);
+    return self.named_result;
 }
 
 }  // namespace emu

@@ -48,7 +48,11 @@ template <int KV, int N, int STAGES, int THREADS = kThreads, bool SWIZZLED = fal
 struct KvTile {
     static constexpr bool kQuantized = KV != MLA_DTYPE_BF16;
     static constexpr int kRowBytes = KV == MLA_DTYPE_BF16 ? 1152 : KV == MLA_DTYPE_MXFP4 ? 288 : 576;
-    static constexpr int kRawLd = kRowBytes + 16;          // staging stride (bytes) of quantised rows
+    // Staging stride (bytes) of quantised rows: fp8 rows padded by 16 bytes
+    // (an odd number of 16-byte groups apart: conflict-free ldmatrix);
+    // MXFP4 rows packed (18 groups: decode_mxfp4's reads are conflict-free
+    // with its unit order, and three stages fit beside two decoded tiles).
+    static constexpr int kRawLd = KV == MLA_DTYPE_MXFP4 ? kRowBytes : kRowBytes + 16;
     static constexpr int kScaleLd = MLA_MXFP4_SCALES_PER_ROW;  // staged MXFP4 scale bytes per row
     static constexpr int kStages = STAGES;
     // 128-byte-swizzled staging (bf16 on attention_wgmma.cuh): the tile is
@@ -81,15 +85,19 @@ struct KvTile {
     static constexpr int kRowsPerWarp = N / kWarps;
     static_assert(N % kWarps == 0 && kRowsPerWarp <= MLA_WARP_SIZE, "whole rows per warp");
 
+    // This thread's index among the THREADS that issue and decode (the
+    // CTA's, or one warpgroup's of a CTA of several).
+    __device__ static int group_thread() { return int(threadIdx.x) % THREADS; }
+
     uint8_t *landing;     // [kStages][N][kRawLd] or [kStages][N][kKvLd] bf16
     uint8_t *scales;      // [kStages][N][kScaleLd] (MXFP4)
     uint16_t *converted;  // [N][kKvLd] bf16 (quantised formats)
 
-    // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
-    // warp copies in issue() (byte loads: any alignment, nothing outside the
-    // row's scales is read) and stores them in finish_issue(), once a tile's
+    // MXFP4: the lane that copies chunk c of a row in issue() also loads the
+    // row's scale byte c (byte loads: any alignment, nothing outside the
+    // row's scales is read) and stores it in finish_issue(), once a tile's
     // math has hidden the loads' latency.
-    uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
+    uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? (kRowsPerWarp * (kRowBytes / 16) + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE : 1];
 
     // The page-table entry of the token this lane looks up for the next
     // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
@@ -97,48 +105,105 @@ struct KvTile {
     // tile's math instead of stalling the copies; -1 past the item's end.
     int32_t next_page;
 
+    // The page of this lane's row of tile [t0, t0 + N) (-1: none).
+    __device__ int32_t page_of_row(const AttentionParams &p, const WorkItem &w, int t0) const {
+        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = group_thread() / MLA_WARP_SIZE;
+        const int tok = t0 + warp + lane * kWarps;
+        if (lane >= kRowsPerWarp || tok >= w.kv_end) return -1;
+        const int64_t slot = int64_t(w.page_begin) + (tok >> p.page_shift);
+        return p.kv_indices ? p.kv_indices[slot] : int32_t(slot);
+    }
+
+    // The pool row of this lane's row of tile t0 on `page` (clamped into the
+    // pool when its size is known), or -1 for none.
+    __device__ int64_t row_on_page(const AttentionParams &p, int64_t page, int t0) const {
+        if (page < 0) return -1;
+        if (p.num_pages > 0 && page >= p.num_pages) page = p.num_pages - 1;
+        const int tok = t0 + group_thread() / MLA_WARP_SIZE + (threadIdx.x % MLA_WARP_SIZE) * kWarps;
+        return (page << p.page_shift) + (tok & ((1 << p.page_shift) - 1));
+    }
+
     // Look up the pages of tile [t0, t0 + N) for the next issue() (the
     // first tile; issue() looks up the one after its own).
-    __device__ void look_up(const AttentionParams &p, const WorkItem &w, int t0) {
-        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-        const int tok = t0 + warp + lane * kWarps;
-        next_page = -1;
-        if (lane < kRowsPerWarp && tok < w.kv_end) {
-            const int64_t slot = int64_t(w.page_begin) + (tok >> p.page_shift);
-            next_page = p.kv_indices ? p.kv_indices[slot] : int32_t(slot);
-        }
-    }
+    __device__ void look_up(const AttentionParams &p, const WorkItem &w, int t0) { next_page = page_of_row(p, w, t0); }
 
     // Issue the copies of tokens [t0, t0 + N) of a work item into stage
     // `stage`; the pages come from the last look_up / issue. Tokens at or
     // past the item's end, and negative table entries, are zero-filled;
     // other pages are clamped into the pool when its size is known. Each
     // warp copies whole rows (warp, warp + kWarps, ...): the lane that
-    // looked a row up computes its address once and passes it round by
-    // shuffles, so no barrier is needed, and the per-row work is one 64-bit
-    // shuffle and the copies (offsets fixed per lane and row parity).
-    // MXFP4 needs finish_issue(stage) before the stage's async_wait barrier.
+    // looked a row up computes it once and passes it round by shuffles, so
+    // no barrier is needed. MXFP4 needs finish_issue(stage) before the
+    // stage's async_wait barrier.
     __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage) {
-        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-        int64_t my_row = -1;  // this lane's looked-up row
-        {
-            int64_t page = next_page;
-            if (page >= 0 && p.num_pages > 0) page = page >= p.num_pages ? p.num_pages - 1 : page;
-            const int tok = t0 + warp + lane * kWarps;
-            if (page >= 0) my_row = (page << p.page_shift) + (tok & ((1 << p.page_shift) - 1));
-        }
-        // The row's address; bit 0 set (KV rows are 16-byte aligned) where
-        // the copies zero-fill instead (one register and one shuffle a row).
-        const uint64_t my_src = my_row < 0 ? reinterpret_cast<uintptr_t>(p.kv) | 1u
-                                           : reinterpret_cast<uintptr_t>(p.kv + my_row * kRowBytes);
+        const int64_t my_row = row_on_page(p, next_page, t0);  // this lane's looked-up row
         look_up(p, w, t0 + N);  // for the next call; not waited on here
-        constexpr int kChunks = kRowBytes / 16;
-        constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
-        // Row r = warp + i * kWarps. Swizzled: chunk lane + 32 k of the row
-        // goes to slab (lane / 8) + 4 k at 128 r + 16 ((lane % 8) ^ (r % 8)),
-        // and r % 8 repeats every kSwizzlePeriod rows of the warp.
-        constexpr int kSwizzlePeriod = kWarps % 8 == 0 ? 1 : kWarps % 4 == 0 ? 2 : kWarps % 2 == 0 ? 4 : 8;
         uint8_t *const stage_base = landing + size_t(stage) * (kLandingBytes / kStages);
+        if constexpr (kQuantized && !kSwizzled) {
+            issue_packed(p, my_row, stage_base);
+        } else {
+            issue_rows(my_row, p.kv, stage_base);
+        }
+    }
+
+    // Store the scales of the last issue into `stage` (MXFP4).
+    __device__ void finish_issue(int stage) {
+        if constexpr (KV == MLA_DTYPE_MXFP4) {
+            const int warp = group_thread() / MLA_WARP_SIZE;
+            for_each_packed_chunk([&](int k, int i, int c, bool active) {
+                if (active) scales[(stage * N + warp + i * kWarps) * kScaleLd + c] = uint8_t(pending_scale[k]);
+            });
+        }
+    }
+
+  private:
+    static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks of a row
+    static constexpr int kPackedSteps = (kRowsPerWarp * kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE;
+
+    // Raw rows (quantised formats, unswizzled): the warp's rows' chunks are
+    // dealt out to its lanes in order, (row i, chunk c) to lane (i kChunks
+    // + c) % 32 at step (i kChunks + c) / 32, so that every copy instruction
+    // moves 32 chunks (a warp of 288-byte MXFP4 rows once took a copy, two
+    // shuffles and a scale load for every row). f(step, i, c, active) at
+    // each step, with every lane (active: it has a chunk at this step).
+    template <class F>
+    __device__ static void for_each_packed_chunk(F &&f) {
+        const int lane = threadIdx.x % MLA_WARP_SIZE;
+        int i = lane / kChunks, c = lane % kChunks;
+#pragma unroll
+        for (int k = 0; k < kPackedSteps; ++k) {
+            f(k, i, c, (kRowsPerWarp * kChunks) % MLA_WARP_SIZE == 0 || k * MLA_WARP_SIZE + lane < kRowsPerWarp * kChunks);
+            c += MLA_WARP_SIZE % kChunks, i += MLA_WARP_SIZE / kChunks;
+            if (c >= kChunks) c -= kChunks, ++i;
+        }
+    }
+
+    __device__ void issue_packed(const AttentionParams &p, int64_t my_row, uint8_t *stage_base) {
+        const int warp = group_thread() / MLA_WARP_SIZE;
+        static_assert(KV != MLA_DTYPE_MXFP4 || kChunks == kScaleLd, "chunk c and scale byte c of a row go together");
+        for_each_packed_chunk([&](int k, int i, int c, bool active) {
+            const int64_t row = MLA_SHFL(my_row, active ? i : 0);  // lane i looked row i up
+            if (active)
+                copy16_async_zfill(stage_base + (warp + i * kWarps) * kRawLd + c * 16,
+                                   p.kv + (row < 0 ? 0 : row * kRowBytes) + c * 16, row < 0 ? 0 : 16);
+            // Past the end: scale 0, so the zero-filled codes decode to 0
+            // (a stale NaN scale would turn 0 * V into NaN in P V).
+            if (KV == MLA_DTYPE_MXFP4)
+                pending_scale[k] = load_u8_or_zero(p.kv_block_scales + row * p.scale_stride + c, active && row >= 0);
+        });
+    }
+
+    // Row by row (bf16): lane l copies chunks l, l + 32, ... of each row;
+    // swizzled, chunk lane + 32 k of row r goes to slab (lane / 8) + 4 k at
+    // 128 r + 16 ((lane % 8) ^ (r % 8)), and r % 8 repeats every
+    // kSwizzlePeriod rows of the warp. The row's address is shuffled with
+    // bit 0 set (rows are 16-byte aligned) where the copies zero-fill.
+    __device__ void issue_rows(int64_t my_row, const uint8_t *kv, uint8_t *stage_base) {
+        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = group_thread() / MLA_WARP_SIZE;
+        const uint64_t my_src = my_row < 0 ? reinterpret_cast<uintptr_t>(kv) | 1u
+                                           : reinterpret_cast<uintptr_t>(kv + my_row * kRowBytes);
+        constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
+        constexpr int kSwizzlePeriod = kWarps % 8 == 0 ? 1 : kWarps % 4 == 0 ? 2 : kWarps % 2 == 0 ? 4 : 8;
         uint8_t *dst_lane[kSwizzlePeriod];
 #pragma unroll
         for (int q = 0; q < kSwizzlePeriod; ++q)
@@ -156,31 +221,16 @@ struct KvTile {
                 if (kChunks % MLA_WARP_SIZE == 0 || lane + k * MLA_WARP_SIZE < kChunks)
                     copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
                                        src + k * MLA_WARP_SIZE * 16, bytes);
-            if (KV == MLA_DTYPE_MXFP4) {
-                // Past the end: scale 0, so the zero-filled codes decode to 0
-                // (a stale NaN scale would turn 0 * V into NaN in P V).
-                const int64_t row = MLA_SHFL(my_row, i);  // (every lane shuffles)
-                pending_scale[i] = lane < kScaleLd && row >= 0 ? p.kv_block_scales[row * p.scale_stride + lane] : 0u;
-            }
         }
     }
 
-    // Store the scales of the last issue into `stage` (MXFP4).
-    __device__ void finish_issue(int stage) {
-        if (KV != MLA_DTYPE_MXFP4) return;
-        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-        if (lane < kScaleLd)
-#pragma unroll
-            for (int i = 0; i < kRowsPerWarp; ++i)
-                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(pending_scale[i]);
-    }
-
+  public:
     // KV decoded in shared memory (MXFP4; every quantised format of the
     // portable kernels): decode stage `stage` into `converted` (the caller
     // puts a barrier between this and the products).
     __device__ void decode_to_shared(int stage) {
         if constexpr (KV == MLA_DTYPE_MXFP4) {
-            decode_mxfp4(stage);
+            decode_mxfp4<false>(stage, reinterpret_cast<uint8_t *>(converted));
         } else if constexpr (kDecodesToShared) {
             const uint8_t *raw = landing + size_t(stage) * N * kRawLd;
             // Units of 8 fp8 elements, 128-bit stores. Each warp decodes its
@@ -210,32 +260,45 @@ struct KvTile {
 
     // MXFP4 in units of one scale block, (row, 16-byte chunk) = 32 elements,
     // decoded as four 8-element words with one scale load and one branch on
-    // the scale's kind. The CTA's threads share the tile's units (the stage
-    // is complete and visible to all of them after the caller's barrier),
-    // consecutive threads taking consecutive rows of one chunk: staged and
-    // decoded rows are an odd number of 16-byte groups apart (kRawLd,
-    // kKvLd), so a quarter warp's 16-byte loads and stores meet no bank
-    // conflicts, and whole warps idle past the last unit.
-    __device__ void decode_mxfp4(int stage) {
-        constexpr int kUnits = N * (kRowBytes / 16);
-        static_assert(kRowBytes / 16 == MLA_MXFP4_SCALES_PER_ROW, "a 16-byte chunk per scale");
-        static_assert((kRawLd / 16) % 2 == 1 && (kKvLd * 2 / 16) % 2 == 1, "conflict-free row strides");
-        const uint8_t *raw = landing + size_t(stage) * N * kRawLd;
+    // the scale's kind, into `dst`: the bf16 tile [N][kKvLd], or (SWIZZLED_OUT)
+    // a 128-byte-swizzled one as kSwizzled stages bf16 (the warpgroup
+    // products read it). The THREADS threads share the tile's units (the
+    // stage is complete and visible to all of them after the caller's
+    // barrier). Eight consecutive threads take rows 4i..4i+3 of chunks 2k,
+    // 2k + 1: packed rows are 18 16-byte groups apart, so their loads hit 8
+    // different groups modulo 8, and so do their stores in either layout (no
+    // bank conflicts). A thread keeps its row and steps through chunks, so
+    // its addresses are fixed but for one offset a pass.
+    template <bool SWIZZLED_OUT>
+    __device__ void decode_mxfp4(int stage, uint8_t *dst) {
+        constexpr int kPairsPerPass = THREADS / (2 * N);  // chunk pairs the CTA decodes a pass
+        constexpr int kPasses = (kChunks / 2 + kPairsPerPass - 1) / kPairsPerPass;
+        static_assert(kChunks == MLA_MXFP4_SCALES_PER_ROW && kChunks % 2 == 0 && THREADS % (2 * N) == 0, "unit order");
+        static_assert(kRawLd == kRowBytes && (kKvLd * 2 / 16) % 8 == 1, "conflict-free row strides");
+        const int t = group_thread(), octet = t >> 3;
+        const int r = 4 * (octet % (N / 4)) + (t & 3), c0 = 2 * (octet / (N / 4)) + ((t >> 2) & 1);
+        const uint8_t *raw = landing + size_t(stage) * N * kRawLd + r * kRawLd + c0 * 16;
+        const uint8_t *row_scales = scales + (stage * N + r) * kScaleLd + c0;
+        // 16-byte word j of the unit at chunk c0 + 2 * kPairsPerPass * pass
+        auto out = [&](int pass, int j) {
+            if (SWIZZLED_OUT) {  // chunk pair = 64 dims = one slab
+                const int slab = (c0 >> 1) + kPairsPerPass * pass;
+                return reinterpret_cast<uint4 *>(dst + slab * kSlabBytes + r * 128 + (((4 * (c0 & 1) + j) ^ (r & 7)) << 4));
+            }
+            return reinterpret_cast<uint4 *>(dst + r * kKvLd * 2 + (c0 + 2 * kPairsPerPass * pass) * 64 + j * 16);
+        };
 #pragma unroll
-        for (int k = 0; k < (kUnits + THREADS - 1) / THREADS; ++k) {
-            const int u = int(threadIdx.x) + k * THREADS;
-            if (kUnits % THREADS != 0 && u >= kUnits) break;
-            const int r = u % N, c = u / N;
-            const uint4 codes = *reinterpret_cast<const uint4 *>(raw + r * kRawLd + c * 16);
-            uint4 *dst = reinterpret_cast<uint4 *>(converted + r * kKvLd + c * 32);
-            const uint8_t e = scales[(stage * N + r) * kScaleLd + c];
+        for (int pass = 0; pass < kPasses; ++pass) {
+            if ((kChunks / 2) % kPairsPerPass != 0 && c0 + 2 * kPairsPerPass * pass >= kChunks) break;
+            const uint4 codes = *reinterpret_cast<const uint4 *>(raw + 2 * kPairsPerPass * pass * 16);
+            const uint8_t e = row_scales[2 * kPairsPerPass * pass];
             auto decode = [&](auto scale) {
                 const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     Bf16x8 v = e2m1x8_to_bf16x8_unscaled(words[j]);
                     scale(v);
-                    dst[j] = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+                    *out(pass, j) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
                 }
             };
             if (e8m0_scales_fast(e)) {

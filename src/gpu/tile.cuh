@@ -332,6 +332,46 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// Named barriers: `threads` threads (whole warps) of the CTA meet at barrier
+// `id` (1..15; 0 is __syncthreads'), so that one warpgroup can wait for
+// another (bar.sync) or signal it without waiting (bar.arrive: a producer
+// warpgroup handing a tile to a consumer). Each orders the shared-memory
+// accesses of the threads before it against the waiters' after it. NVIDIA
+// only (the warpgroup kernels); elsewhere they would be the whole CTA's.
+__device__ __forceinline__ void barrier_sync(int id, int threads) {
+#if defined(MLA_GPU_EMULATED_NVIDIA)
+    emu::named_barrier(id, threads, true, 0);
+#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+    (void)id, (void)threads;
+    __syncthreads();
+#endif
+}
+__device__ __forceinline__ void barrier_arrive(int id, int threads) {
+#if defined(MLA_GPU_EMULATED_NVIDIA)
+    emu::named_barrier(id, threads, false, 0);
+#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+    (void)id, (void)threads;
+#endif
+}
+// bar.sync that also returns whether any participant's predicate is non-zero.
+__device__ __forceinline__ int barrier_sync_or(int id, int threads, int predicate) {
+#if defined(MLA_GPU_EMULATED_NVIDIA)
+    return emu::named_barrier(id, threads, true, predicate);
+#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
+    int any;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.b32 p, %3, 0;\nbar.red.or.pred q, %1, %2, p;\nselp.b32 %0, 1, 0, q;\n}\n"
+                 : "=r"(any) : "r"(id), "r"(threads), "r"(predicate) : "memory");
+    return any;
+#else
+    (void)id, (void)threads;
+    return __syncthreads_or(predicate);
+#endif
+}
+
 // ---- Portable SIMT tile: plain FMAs, any warp size (AMD until MFMA lands) -----
 struct SimtTile {
     static constexpr int kElems = 128 / MLA_WARP_SIZE;
@@ -392,6 +432,20 @@ __device__ __forceinline__ void copy16_async_zfill(void *smem, const void *gmem,
 // 16 bytes; zero-fills the destination when !valid (src is then not read).
 __device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool valid) {
     copy16_async_zfill(smem, gmem, valid ? 16 : 0);
+}
+
+// The byte at p, or 0 when !valid (p is then not read). On NVIDIA a
+// predicated load into a zeroed register: the warp does not wait for the
+// load until the value is used (a select after a plain load would).
+__device__ __forceinline__ uint32_t load_u8_or_zero(const uint8_t *p, bool valid) {
+#if defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
+    uint32_t v = 0;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p ld.global.nc.u8 %0, [%1];\n}\n"
+                 : "+r"(v) : "l"(p), "r"(int(valid)));
+    return v;
+#else
+    return valid ? *p : 0u;
+#endif
 }
 
 __device__ __forceinline__ void async_commit() {
