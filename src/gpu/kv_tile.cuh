@@ -93,11 +93,11 @@ struct KvTile {
     uint8_t *scales;      // [kStages][N][kScaleLd] (MXFP4)
     uint16_t *converted;  // [N][kKvLd] bf16 (quantised formats)
 
-    // MXFP4: the lane that copies chunk c of a row in issue() also loads the
-    // row's scale byte c (byte loads: any alignment, nothing outside the
-    // row's scales is read) and stores it in finish_issue(), once a tile's
-    // math has hidden the loads' latency.
-    uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? (kRowsPerWarp * (kRowBytes / 16) + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE : 1];
+    // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
+    // warp copies in issue() (predicated byte loads: any alignment, nothing
+    // outside the row's scales is read, no wait until the store) and stores
+    // them in finish_issue(), once a tile's math has hidden their latency.
+    uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
 
     // The page-table entry of the token this lane looks up for the next
     // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
@@ -132,78 +132,28 @@ struct KvTile {
     // past the item's end, and negative table entries, are zero-filled;
     // other pages are clamped into the pool when its size is known. Each
     // warp copies whole rows (warp, warp + kWarps, ...): the lane that
-    // looked a row up computes it once and passes it round by shuffles, so
-    // no barrier is needed. MXFP4 needs finish_issue(stage) before the
-    // stage's async_wait barrier.
+    // looked a row up computes its address once and passes it round by
+    // shuffles, so no barrier is needed, and the per-row work is one 64-bit
+    // shuffle and the copies (offsets fixed per lane and row parity).
+    // (Dealing the warp's rows' chunks out across all 32 lanes, so that each
+    // copy instruction moves 32 chunks, cost MXFP4 43% and fp8 3% on the
+    // H200: docs/performance.md, v11.)
+    // MXFP4 needs finish_issue(stage) before the stage's async_wait barrier.
     __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage) {
-        const int64_t my_row = row_on_page(p, next_page, t0);  // this lane's looked-up row
-        look_up(p, w, t0 + N);  // for the next call; not waited on here
-        uint8_t *const stage_base = landing + size_t(stage) * (kLandingBytes / kStages);
-        if constexpr (kQuantized && !kSwizzled) {
-            issue_packed(p, my_row, stage_base);
-        } else {
-            issue_rows(my_row, p.kv, stage_base);
-        }
-    }
-
-    // Store the scales of the last issue into `stage` (MXFP4).
-    __device__ void finish_issue(int stage) {
-        if constexpr (KV == MLA_DTYPE_MXFP4) {
-            const int warp = group_thread() / MLA_WARP_SIZE;
-            for_each_packed_chunk([&](int k, int i, int c, bool active) {
-                if (active) scales[(stage * N + warp + i * kWarps) * kScaleLd + c] = uint8_t(pending_scale[k]);
-            });
-        }
-    }
-
-  private:
-    static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks of a row
-    static constexpr int kPackedSteps = (kRowsPerWarp * kChunks + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE;
-
-    // Raw rows (quantised formats, unswizzled): the warp's rows' chunks are
-    // dealt out to its lanes in order, (row i, chunk c) to lane (i kChunks
-    // + c) % 32 at step (i kChunks + c) / 32, so that every copy instruction
-    // moves 32 chunks (a warp of 288-byte MXFP4 rows once took a copy, two
-    // shuffles and a scale load for every row). f(step, i, c, active) at
-    // each step, with every lane (active: it has a chunk at this step).
-    template <class F>
-    __device__ static void for_each_packed_chunk(F &&f) {
-        const int lane = threadIdx.x % MLA_WARP_SIZE;
-        int i = lane / kChunks, c = lane % kChunks;
-#pragma unroll
-        for (int k = 0; k < kPackedSteps; ++k) {
-            f(k, i, c, (kRowsPerWarp * kChunks) % MLA_WARP_SIZE == 0 || k * MLA_WARP_SIZE + lane < kRowsPerWarp * kChunks);
-            c += MLA_WARP_SIZE % kChunks, i += MLA_WARP_SIZE / kChunks;
-            if (c >= kChunks) c -= kChunks, ++i;
-        }
-    }
-
-    __device__ void issue_packed(const AttentionParams &p, int64_t my_row, uint8_t *stage_base) {
-        const int warp = group_thread() / MLA_WARP_SIZE;
-        static_assert(KV != MLA_DTYPE_MXFP4 || kChunks == kScaleLd, "chunk c and scale byte c of a row go together");
-        for_each_packed_chunk([&](int k, int i, int c, bool active) {
-            const int64_t row = MLA_SHFL(my_row, active ? i : 0);  // lane i looked row i up
-            if (active)
-                copy16_async_zfill(stage_base + (warp + i * kWarps) * kRawLd + c * 16,
-                                   p.kv + (row < 0 ? 0 : row * kRowBytes) + c * 16, row < 0 ? 0 : 16);
-            // Past the end: scale 0, so the zero-filled codes decode to 0
-            // (a stale NaN scale would turn 0 * V into NaN in P V).
-            if (KV == MLA_DTYPE_MXFP4)
-                pending_scale[k] = load_u8_or_zero(p.kv_block_scales + row * p.scale_stride + c, active && row >= 0);
-        });
-    }
-
-    // Row by row (bf16): lane l copies chunks l, l + 32, ... of each row;
-    // swizzled, chunk lane + 32 k of row r goes to slab (lane / 8) + 4 k at
-    // 128 r + 16 ((lane % 8) ^ (r % 8)), and r % 8 repeats every
-    // kSwizzlePeriod rows of the warp. The row's address is shuffled with
-    // bit 0 set (rows are 16-byte aligned) where the copies zero-fill.
-    __device__ void issue_rows(int64_t my_row, const uint8_t *kv, uint8_t *stage_base) {
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = group_thread() / MLA_WARP_SIZE;
-        const uint64_t my_src = my_row < 0 ? reinterpret_cast<uintptr_t>(kv) | 1u
-                                           : reinterpret_cast<uintptr_t>(kv + my_row * kRowBytes);
+        const int64_t my_row = row_on_page(p, next_page, t0);  // this lane's looked-up row
+        // The row's address; bit 0 set (KV rows are 16-byte aligned) where
+        // the copies zero-fill instead (one register and one shuffle a row).
+        const uint64_t my_src = my_row < 0 ? reinterpret_cast<uintptr_t>(p.kv) | 1u
+                                           : reinterpret_cast<uintptr_t>(p.kv + my_row * kRowBytes);
+        look_up(p, w, t0 + N);  // for the next call; not waited on here
+        constexpr int kChunks = kRowBytes / 16;
         constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
+        // Row r = warp + i * kWarps. Swizzled: chunk lane + 32 k of the row
+        // goes to slab (lane / 8) + 4 k at 128 r + 16 ((lane % 8) ^ (r % 8)),
+        // and r % 8 repeats every kSwizzlePeriod rows of the warp.
         constexpr int kSwizzlePeriod = kWarps % 8 == 0 ? 1 : kWarps % 4 == 0 ? 2 : kWarps % 2 == 0 ? 4 : 8;
+        uint8_t *const stage_base = landing + size_t(stage) * (kLandingBytes / kStages);
         uint8_t *dst_lane[kSwizzlePeriod];
 #pragma unroll
         for (int q = 0; q < kSwizzlePeriod; ++q)
@@ -221,10 +171,25 @@ struct KvTile {
                 if (kChunks % MLA_WARP_SIZE == 0 || lane + k * MLA_WARP_SIZE < kChunks)
                     copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
                                        src + k * MLA_WARP_SIZE * 16, bytes);
+            if (KV == MLA_DTYPE_MXFP4) {
+                // Past the end: scale 0, so the zero-filled codes decode to 0
+                // (a stale NaN scale would turn 0 * V into NaN in P V).
+                const int64_t row = MLA_SHFL(my_row, i);  // (every lane shuffles)
+                pending_scale[i] = load_u8_or_zero(p.kv_block_scales + row * p.scale_stride + lane, lane < kScaleLd && row >= 0);
+            }
         }
     }
 
-  public:
+    // Store the scales of the last issue into `stage` (MXFP4).
+    __device__ void finish_issue(int stage) {
+        if (KV != MLA_DTYPE_MXFP4) return;
+        const int lane = threadIdx.x % MLA_WARP_SIZE, warp = group_thread() / MLA_WARP_SIZE;
+        if (lane < kScaleLd)
+#pragma unroll
+            for (int i = 0; i < kRowsPerWarp; ++i)
+                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(pending_scale[i]);
+    }
+
     // KV decoded in shared memory (MXFP4; every quantised format of the
     // portable kernels): decode stage `stage` into `converted` (the caller
     // puts a barrier between this and the products).
@@ -271,6 +236,7 @@ struct KvTile {
     // its addresses are fixed but for one offset a pass.
     template <bool SWIZZLED_OUT>
     __device__ void decode_mxfp4(int stage, uint8_t *dst) {
+        constexpr int kChunks = kRowBytes / 16;
         constexpr int kPairsPerPass = THREADS / (2 * N);  // chunk pairs the CTA decodes a pass
         constexpr int kPasses = (kChunks / 2 + kPairsPerPass - 1) / kPairsPerPass;
         static_assert(kChunks == MLA_MXFP4_SCALES_PER_ROW && kChunks % 2 == 0 && THREADS % (2 * N) == 0, "unit order");
