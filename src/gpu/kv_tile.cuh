@@ -95,9 +95,16 @@ struct KvTile {
 
     // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
     // warp copies in issue() (predicated byte loads: any alignment, nothing
-    // outside the row's scales is read, no wait until the store) and stores
-    // them in finish_issue(), once a tile's math has hidden their latency.
+    // outside the row's scales is read) and stores them in finish_issue(),
+    // once a tile's math has hidden their latency. Bit i of pending_rows:
+    // the warp's row i is a real row (else its scale is stored as 0). The
+    // loads are not predicated: lanes without a byte to load read byte 0 of
+    // Q instead. (A predicated load, into a zeroed register or not, merges
+    // with the register's old value: ptxas loaded into a temporary and
+    // copied it at once, waiting out every load's latency in issue(), which
+    // made MXFP4 1.8x slower: docs/performance.md, v11.)
     uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
+    uint32_t pending_rows;
 
     // The page-table entry of the token this lane looks up for the next
     // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
@@ -172,10 +179,10 @@ struct KvTile {
                     copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
                                        src + k * MLA_WARP_SIZE * 16, bytes);
             if (KV == MLA_DTYPE_MXFP4) {
-                // Past the end: scale 0, so the zero-filled codes decode to 0
-                // (a stale NaN scale would turn 0 * V into NaN in P V).
                 const int64_t row = MLA_SHFL(my_row, i);  // (every lane shuffles)
-                pending_scale[i] = load_u8_or_zero(p.kv_block_scales + row * p.scale_stride + lane, lane < kScaleLd && row >= 0);
+                if (i == 0) pending_rows = 0;
+                pending_rows |= uint32_t(row >= 0) << i;
+                pending_scale[i] = load_u8(lane < kScaleLd && row >= 0 ? p.kv_block_scales + row * p.scale_stride + lane : p.q);
             }
         }
     }
@@ -187,7 +194,10 @@ struct KvTile {
         if (lane < kScaleLd)
 #pragma unroll
             for (int i = 0; i < kRowsPerWarp; ++i)
-                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(pending_scale[i]);
+                // Past the end: scale 0, so the zero-filled codes decode to 0
+                // (a stale NaN scale would turn 0 * V into NaN in P V).
+                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] =
+                    pending_rows >> i & 1u ? uint8_t(pending_scale[i]) : uint8_t(0);
     }
 
     // KV decoded in shared memory (MXFP4; every quantised format of the

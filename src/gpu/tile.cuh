@@ -434,17 +434,16 @@ __device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool 
     copy16_async_zfill(smem, gmem, valid ? 16 : 0);
 }
 
-// The byte at p, or 0 when !valid (p is then not read). On NVIDIA a
-// predicated load into a zeroed register: the warp does not wait for the
-// load until the value is used (a select after a plain load would).
-__device__ __forceinline__ uint32_t load_u8_or_zero(const uint8_t *p, bool valid) {
+// The byte at p, loaded where this call is (asm volatile keeps the load
+// in issue order, so its latency overlaps what follows until the value is
+// used). Unpredicated on purpose: see KvTile::pending_scale.
+__device__ __forceinline__ uint32_t load_u8(const uint8_t *p) {
 #if defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
-    uint32_t v = 0;
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p ld.global.nc.u8 %0, [%1];\n}\n"
-                 : "+r"(v) : "l"(p), "r"(int(valid)));
+    uint32_t v;
+    asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 #else
-    return valid ? *p : 0u;
+    return *p;
 #endif
 }
 
