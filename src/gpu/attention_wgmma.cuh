@@ -8,8 +8,8 @@
 // and V^T are A operands read straight from the stage (128-byte-swizzled:
 // no decode; one CTA per SM, a 74 KB tile in flight while one is computed).
 // E4M3 K and V are decoded from the raw stage into A fragments in registers
-// (two CTAs per SM). MXFP4 tiles are decoded by a second, producer
-// warpgroup into swizzled bf16 tiles that the consumer reads as it reads
+// (two CTAs per SM). MXFP4 tiles are decoded by two producer
+// warpgroups into swizzled bf16 tiles that the consumer reads as it reads
 // bf16 stages (one CTA per SM). (E4M3 and MXFP4 decoded by the consumer's
 // own warps into a swizzled tile, and MXFP4 decoded into fragments, were
 // correct but slower on the H200: docs/performance.md, v8 and v9.)
@@ -51,16 +51,18 @@ template <int ROWS, int KV>
 struct WgmmaShape {
     // One warpgroup computes (two, each with half of S^T's reduction, added
     // through shared memory, and half of O^T's dims, measured 4% slower on
-    // the H200: docs/performance.md, v7). MXFP4 adds a producer warpgroup
-    // that stages the raw tiles and decodes each into a swizzled bf16 tile
+    // the H200: docs/performance.md, v7). MXFP4 adds producer warpgroups
+    // that stage the raw tiles and decode each into a swizzled bf16 tile
     // while the consumer computes the previous one (decoding in the
     // consumer's own warps left a 4-warp CTA 2.3x slower than the mma.sync
     // kernel: v9).
     static constexpr bool kProducer = KV == MLA_DTYPE_MXFP4;
     static constexpr int kConsumerThreads = 128;
-    // (Two producer warpgroups measured the same as one on the H200: the SM
-    // is bound by the instructions it issues, not by warps to issue them.)
-    static constexpr int kProducerThreads = kProducer ? 128 : 0;
+    // Two producer warpgroups (eight decoding warps): with one, each
+    // scheduler had one decoding warp, whose dependent decode chains left
+    // the issue slots mostly idle (MXFP4 B256x8k 1,053 -> 701 us on an
+    // H100: docs/performance.md, v11).
+    static constexpr int kProducerThreads = kProducer ? 256 : 0;
     static constexpr int kThreads = kConsumerThreads + kProducerThreads;
     static constexpr int kWarps = kConsumerThreads / 32;  // the consumer's
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
@@ -220,9 +222,9 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
     return bits_to_float(uint32_t(127 - shift) << 23);
 }
 
-// The producer warpgroup of an item (MXFP4): stages the raw tiles (tiles
+// The producer warpgroups of an item (MXFP4): stage the raw tiles (tiles
 // j + 1 and j + 2 load while tile j is decoded; one commit group per tile,
-// empty or not), decodes tile j into decoded buffer j % 2 once the consumer
+// empty or not), decode tile j into decoded buffer j % 2 once the consumer
 // has released that buffer's tile j - 2, and hands it over.
 template <class S>
 __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &w, int num_tiles, uint8_t *raw_landing,
