@@ -94,15 +94,16 @@ struct KvTile {
     uint16_t *converted;  // [N][kKvLd] bf16 (quantised formats)
 
     // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
-    // warp copies in issue() (predicated byte loads: any alignment, nothing
-    // outside the row's scales is read) and stores them in finish_issue(),
-    // once a tile's math has hidden their latency. Bit i of pending_rows:
-    // the warp's row i is a real row (else its scale is stored as 0). The
-    // loads are not predicated: lanes without a byte to load read byte 0 of
-    // Q instead. (A predicated load, into a zeroed register or not, merges
-    // with the register's old value: ptxas loaded into a temporary and
-    // copied it at once, waiting out every load's latency in issue(), which
-    // made MXFP4 1.8x slower: docs/performance.md, v11.)
+    // warp copies in issue() (byte loads: any alignment, nothing outside the
+    // row's scales is read) and stores them in finish_issue(), once a tile's
+    // math has hidden their latency. Bit i of pending_rows: the warp's row i
+    // is a real row (else its scale is stored as 0). The loads are not
+    // predicated: lanes without a byte to load read byte 0 of Q instead,
+    // which is always in the caller's buffers. (A predicated load, into a
+    // zeroed register or not, merges with the register's old value: ptxas
+    // loaded into a temporary and copied it at once, waiting out every
+    // load's latency in issue(), which made MXFP4 1.8x slower:
+    // docs/performance.md, v11.)
     uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
     uint32_t pending_rows;
 
