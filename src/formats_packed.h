@@ -7,7 +7,7 @@
 // The portable paths here run on the host too, where tests/test_formats.cpp
 // checks them exhaustively against the scalar decoders; on NVIDIA sm_89+ the
 // OCP fp8 pairs go through cvt.rn.f16x2.e4m3x2 and sm_80+ applies E8M0 scales
-// of normal results with one bf16x2 fma (both exact; tests/test_gpu.cpp's
+// with one or two bf16x2 fmas (both exact; tests/test_gpu.cpp's
 // decoding_exact checks every code and the scale edges on the device).
 #pragma once
 
@@ -162,53 +162,97 @@ MLA_HD Bf16x8 e2m1x8_to_bf16x8_unscaled(uint32_t codes) {
     return r;
 }
 
-// Whether E8M0 scale e multiplies bf16 E2M1 values by one bf16x2 multiply
-// (scale_fast). Scales 2^-125 and up keep every nonzero result a normal
-// number, where the bf16 multiply is exact whatever the hardware does with
-// subnormals; 255 (NaN) is the bf16 NaN. e = 0, 1 take scale_exact.
-MLA_HD bool e8m0_scales_fast(uint8_t e) {
-#if defined(MLA_HAVE_FMA_BF16X2)
-    return e >= 2;
-#else
-    (void)e;
-    return false;
-#endif
-}
-
-// The bf16x2 multiplier of scale_fast for E8M0 scale e.
-MLA_HD uint32_t e8m0_bf16x2(uint8_t e) {
-    const uint32_t s = e == 0xffu ? 0x7fc0u : uint32_t(e) << 7;
-    return s | (s << 16);
-}
-
-// Eight bf16 E2M1 values times a scale where e8m0_scales_fast: one bf16x2
-// multiply (fma with -0, which keeps the sign of zeros) a pair.
-MLA_HD void scale_fast(Bf16x8 &r, uint32_t scale2) {
-#if defined(MLA_HAVE_FMA_BF16X2)
-    const uint32_t neg_zero2 = 0x80008000u;
-    for (int i = 0; i < 4; ++i)
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(scale2), "r"(neg_zero2));
-#else
-    (void)r, (void)scale2;
-#endif
-}
-
-// Eight bf16 E2M1 values times any E8M0 scale, in float.
+// Eight bf16 E2M1 values times any E8M0 scale, in float (the table path's
+// scale: AMD, where a bf16 subnormal may not survive the multiply).
 MLA_HD void scale_exact(Bf16x8 &r, uint8_t e) {
     const float scale = e8m0_to_float(e);
     for (int i = 0; i < 4; ++i)
         r.w[i] = pack_exact_bf16x2(bits_to_float(r.w[i] << 16) * scale, bits_to_float(r.w[i] & 0xffff0000u) * scale);
 }
 
-// Eight E2M1 nibbles times one E8M0 scale 2^(e - 127) -> eight bf16.
-MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
-    Bf16x8 r = e2m1x8_to_bf16x8_unscaled(codes);
-    if (e8m0_scales_fast(e)) {
-        scale_fast(r, e8m0_bf16x2(e));
-    } else {
-        scale_exact(r, e);
+// Eight E2M1 nibbles -> eight bf16 of value x 2^-126 ("tiny"): the nibble's
+// sign becomes the bf16 sign, its two exponent bits the low two bits of the
+// bf16 exponent and its mantissa bit the top mantissa bit, which is the
+// E2M1 value x 2^-126 for every code (exponent 0: the bf16 subnormal
+// m/2 x 2^-126). A multiply by 2^(e - 1) then applies E8M0 scale e
+// (e8m0_tiny_multiplier). Per pair (elements 2j, 2j + 1): one byte permute
+// puts nibble 2j at bits 12-15 (byte j of codes << 4) and nibble 2j + 1 at
+// bits 28-31 (byte j of codes), one shift by 6 moves the exponent and
+// mantissa bits into place and two masks keep them and the signs: four
+// instructions a pair instead of the table's six.
+MLA_HD Bf16x8 e2m1x8_to_bf16x8_tiny(uint32_t codes) {
+    const uint32_t shifted = codes << 4;
+    Bf16x8 r;
+    for (int j = 0; j < 4; ++j) {
+        // bytes 0, 1 <- byte j of `shifted`, bytes 2, 3 <- byte j of `codes`
+        const uint32_t x = byte_perm(codes, shifted, 0x0044u + 0x1111u * uint32_t(j));
+        r.w[j] = ((x >> 6) & 0x01c001c0u) | (x & 0x80008000u);
     }
     return r;
+}
+
+// The bf16x2 power of two 2^(e - 127) of E8M0 scale e (255: NaN).
+MLA_HD uint32_t e8m0_bf16x2(uint8_t e) {
+    const uint32_t s = e == 0xffu ? 0x7fc0u : uint32_t(e) << 7;
+    return s | (s << 16);
+}
+
+// Whether tiny E2M1 values take E8M0 scale e in one multiply, by 2^(e - 1)
+// (a bf16 normal for e <= 128); above, by 2^126 and then e8m0_bf16x2(e).
+MLA_HD bool e8m0_tiny_one_step(uint8_t e) { return e <= 128; }
+MLA_HD uint32_t e8m0_tiny_multiplier(uint8_t e) {
+    const uint32_t s = (e8m0_tiny_one_step(e) ? uint32_t(e) + 126u : 253u) << 7;  // 2^(e - 1) or 2^126
+    return s | (s << 16);
+}
+
+// Eight bf16 times a bf16x2 power of two m2 (equal halves) where every
+// product is a bf16 or overflows: one bf16x2 fma with -0 a pair on sm_80+
+// (exact for subnormal inputs and results; -0 keeps the sign of zeros), a
+// float multiply on the host.
+MLA_HD void mul_bf16x8_pow2(Bf16x8 &r, uint32_t m2) {
+#if defined(MLA_HAVE_FMA_BF16X2)
+    const uint32_t neg_zero2 = 0x80008000u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(m2), "r"(neg_zero2));
+#else
+    const float m = bits_to_float(m2 << 16);
+    for (int i = 0; i < 4; ++i)
+        r.w[i] = pack_exact_bf16x2(bits_to_float(r.w[i] << 16) * m, bits_to_float(r.w[i] & 0xffff0000u) * m);
+#endif
+}
+
+// Tiny E2M1 values times E8M0 scale e.
+MLA_HD void scale_tiny(Bf16x8 &r, uint8_t e) {
+    mul_bf16x8_pow2(r, e8m0_tiny_multiplier(e));
+    if (!e8m0_tiny_one_step(e)) mul_bf16x8_pow2(r, e8m0_bf16x2(e));
+}
+
+// Where MXFP4 decodes through the tiny form: wherever the multiply keeps
+// bf16 subnormals exact (sm_80+'s bf16x2 fma, the host's float); AMD's
+// device code takes the table and a float scale.
+#if defined(MLA_HAVE_FMA_BF16X2) || !MLA_DEVICE_PASS
+#define MLA_E2M1_TINY 1
+#endif
+
+// Eight E2M1 nibbles times one E8M0 scale 2^(e - 127) -> eight bf16, by
+// either path (both are checked exhaustively on the host).
+MLA_HD Bf16x8 e2m1x8_to_bf16x8_by_table(uint32_t codes, uint8_t e) {
+    Bf16x8 r = e2m1x8_to_bf16x8_unscaled(codes);
+    scale_exact(r, e);
+    return r;
+}
+MLA_HD Bf16x8 e2m1x8_to_bf16x8_by_tiny(uint32_t codes, uint8_t e) {
+    Bf16x8 r = e2m1x8_to_bf16x8_tiny(codes);
+    scale_tiny(r, e);
+    return r;
+}
+MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
+#if defined(MLA_E2M1_TINY)
+    return e2m1x8_to_bf16x8_by_tiny(codes, e);
+#else
+    return e2m1x8_to_bf16x8_by_table(codes, e);
+#endif
 }
 
 }  // namespace mla

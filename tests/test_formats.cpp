@@ -59,20 +59,27 @@ void check_fp8(float (*scalar)(uint8_t), const char *what) {
 void test_fp8_e4m3(void **) { check_fp8<MLA_DTYPE_FP8_E4M3>(mla::fp8_e4m3_to_float, "e4m3"); }
 void test_fp8_e4m3_fnuz(void **) { check_fp8<MLA_DTYPE_FP8_E4M3_FNUZ>(mla::fp8_e4m3_fnuz_to_float, "e4m3 fnuz"); }
 
-void test_e2m1x8(void **) {
+// Both E2M1 paths (the tiny form of NVIDIA and the host, the table of AMD),
+// every code at every nibble position under every E8M0 scale.
+void check_e2m1x8(mla::Bf16x8 (*decode)(uint32_t, uint8_t), const char *what) {
     std::mt19937 rng(0x6532u);
     for (unsigned scale = 0; scale < 256; ++scale)
         for (int pos = 0; pos < 4; ++pos)
             for (unsigned byte = 0; byte < 256; ++byte) {
                 uint32_t w = uint32_t(rng());
                 w = (w & ~(0xffu << (8 * pos))) | (byte << (8 * pos));
-                const mla::Bf16x8 r = mla::e2m1x8_to_bf16x8(w, uint8_t(scale));
+                const mla::Bf16x8 r = decode(w, uint8_t(scale));
                 for (int i = 0; i < 8; ++i) {
                     const unsigned nibble = (w >> (4 * i)) & 0xfu;
                     const float want = mla::e2m1_to_float(nibble) * mla::e8m0_to_float(uint8_t(scale));
-                    expect_bf16(half(r.w[i / 2], i % 2), want, "e2m1", nibble, i, scale);
+                    expect_bf16(half(r.w[i / 2], i % 2), want, what, nibble, i, scale);
                 }
             }
+}
+
+void test_e2m1x8(void **) {
+    check_e2m1x8(mla::e2m1x8_to_bf16x8_by_tiny, "e2m1 tiny");
+    check_e2m1x8(mla::e2m1x8_to_bf16x8_by_table, "e2m1 table");
 }
 
 // f16: every code round-trips through float; floats between neighbouring

@@ -599,8 +599,9 @@ void test_mxfp4_scale_layouts() {
             REQUIRE(tu_kv_make(&h.kv, s.kv, &h.b, stride, &rng) == 0, "tu_kv_make");
             REQUIRE(tu_q_make(&h.q, s.q, h.b.total_q, s.heads, 1.0, &rng) == 0, "tu_q_make");
             // Q's first byte reads as an E8M0 NaN: the rows past a sequence's
-            // end (200 and 131 are not whole tiles) load their scales from it
-            // and must store 0 in its place.
+            // end (200 and 131 are not whole tiles) must take their scales
+            // from a block of zeros, not from any caller buffer such as Q
+            // (once their loads did, then stored 0 in place of the byte).
             h.q.data[0] = 0xff;
             h.scale_misalign = size_t(misalign);
             Dev d(h);

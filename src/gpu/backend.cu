@@ -52,10 +52,15 @@ bool pick_variant(int rows, mla_dtype kv, Variant *v) {
     }
 }
 
-// Device metadata buffer: [summary][seqs: max_batch][items: max_items].
+// Device metadata buffer: [summary][zero block][seqs: max_batch][items:
+// max_items]. The zero block is zeroed at creation and never written (the
+// host staging buffer's copy of it is zeroed too, since an upload copies
+// the summary's whole 256-byte region).
 struct MetadataLayout {
+    static constexpr size_t kZerosOffset = 128;
     size_t seqs_offset, items_offset, bytes;
     explicit MetadataLayout(const ScheduleGeometry &g) {
+        static_assert(sizeof(ScheduleSummary) <= kZerosOffset && kZerosOffset + kZeroBytes <= 256, "metadata head");
         seqs_offset = 256;
         items_offset = seqs_offset + ((size_t(g.max_batch) * sizeof(SeqSchedule) + 255) / 256) * 256;
         bytes = items_offset + size_t(g.max_items) * sizeof(WorkItem);
@@ -120,6 +125,7 @@ public:
         MLA_GPU_TRY(hipMalloc(&metadata_, layout_.bytes));
         MLA_GPU_TRY(hipMemset(metadata_, 0, layout_.bytes));
         MLA_GPU_TRY(hipHostMalloc(&host_staging_, layout_.bytes, 0));
+        std::memset(host_staging_, 0, layout_.bytes);
         MLA_GPU_TRY(hipEventCreateWithFlags(&upload_done_, hipEventDisableTiming));
         MLA_GPU_TRY(hipMalloc(&validation_, 4 * sizeof(int32_t)));
         if (!(cfg_.flags & MLA_FLAG_CALLER_WORKSPACE) && workspace_bytes() > 0)
@@ -213,6 +219,7 @@ public:
         p.partials = static_cast<float *>(workspace);
         p.summary = summary();
         p.items = items();
+        p.zeros = static_cast<const uint8_t *>(metadata_) + MetadataLayout::kZerosOffset;
         p.num_pages = t.num_pages;
         p.num_heads = cfg_.num_heads;
         p.heads_per_block = g.heads_per_block;

@@ -12,6 +12,8 @@ namespace mla {
 namespace gpu {
 
 constexpr int kThreads = 256;  // every attention CTA (8 warps on NVIDIA, 4 waves on AMD)
+constexpr int kZeroBytes = 64;  // AttentionParams::zeros (at least a row's MXFP4 scale bytes)
+static_assert(kZeroBytes >= MLA_MXFP4_SCALES_PER_ROW, "zero block covers a row's scales");
 
 struct AttentionParams {
     const uint8_t *q;
@@ -23,6 +25,7 @@ struct AttentionParams {
     float *partials;
     const ScheduleSummary *summary;
     const WorkItem *items;
+    const uint8_t *zeros;     // kZeroBytes zero bytes of the plan (MXFP4 scales of zero-filled rows)
     int64_t num_pages;        // 0: unknown (page indices not clamped)
     int32_t num_heads;
     int32_t heads_per_block;

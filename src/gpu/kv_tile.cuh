@@ -96,16 +96,17 @@ struct KvTile {
     // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
     // warp copies in issue() (byte loads: any alignment, nothing outside the
     // row's scales is read) and stores them in finish_issue(), once a tile's
-    // math has hidden their latency. Bit i of pending_rows: the warp's row i
-    // is a real row (else its scale is stored as 0). The loads are not
-    // predicated: lanes without a byte to load read byte 0 of Q instead,
-    // which is always in the caller's buffers. (A predicated load, into a
-    // zeroed register or not, merges with the register's old value: ptxas
+    // math has hidden their latency. The lane that looks a row up computes
+    // its scale address once and the others get it by one 64-bit shuffle,
+    // as for the row itself; a zero-filled row's scales come from the
+    // plan's zero block (p.zeros), so they decode to 0, never to a stale or
+    // NaN scale times the zero codes. The loads are not predicated (lanes
+    // l >= kScaleLd load byte 0 again): a predicated load, into a zeroed
+    // register or not, merges with the register's old value, and ptxas
     // loaded into a temporary and copied it at once, waiting out every
-    // load's latency in issue(), which made MXFP4 1.8x slower:
-    // docs/performance.md, v11.)
+    // load's latency in issue(), which made MXFP4 1.8x slower
+    // (docs/performance.md, v11).
     uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
-    uint32_t pending_rows;
 
     // The page-table entry of the token this lane looks up for the next
     // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
@@ -154,6 +155,10 @@ struct KvTile {
         // the copies zero-fill instead (one register and one shuffle a row).
         const uint64_t my_src = my_row < 0 ? reinterpret_cast<uintptr_t>(p.kv) | 1u
                                            : reinterpret_cast<uintptr_t>(p.kv + my_row * kRowBytes);
+        const uint64_t my_scales = KV != MLA_DTYPE_MXFP4 ? 0
+                                   : my_row < 0          ? reinterpret_cast<uintptr_t>(p.zeros)
+                                                         : reinterpret_cast<uintptr_t>(p.kv_block_scales + my_row * p.scale_stride);
+        const int scale_byte = lane < kScaleLd ? lane : 0;
         look_up(p, w, t0 + N);  // for the next call; not waited on here
         constexpr int kChunks = kRowBytes / 16;
         constexpr int kLd = kQuantized ? kRawLd : kKvLd * 2;
@@ -179,12 +184,8 @@ struct KvTile {
                 if (kChunks % MLA_WARP_SIZE == 0 || lane + k * MLA_WARP_SIZE < kChunks)
                     copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
                                        src + k * MLA_WARP_SIZE * 16, bytes);
-            if (KV == MLA_DTYPE_MXFP4) {
-                const int64_t row = MLA_SHFL(my_row, i);  // (every lane shuffles)
-                if (i == 0) pending_rows = 0;
-                pending_rows |= uint32_t(row >= 0) << i;
-                pending_scale[i] = load_u8(lane < kScaleLd && row >= 0 ? p.kv_block_scales + row * p.scale_stride + lane : p.q);
-            }
+            if (KV == MLA_DTYPE_MXFP4)
+                pending_scale[i] = load_u8(reinterpret_cast<const uint8_t *>(uintptr_t(MLA_SHFL(my_scales, i))) + scale_byte);
         }
     }
 
@@ -195,10 +196,7 @@ struct KvTile {
         if (lane < kScaleLd)
 #pragma unroll
             for (int i = 0; i < kRowsPerWarp; ++i)
-                // Past the end: scale 0, so the zero-filled codes decode to 0
-                // (a stale NaN scale would turn 0 * V into NaN in P V).
-                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] =
-                    pending_rows >> i & 1u ? uint8_t(pending_scale[i]) : uint8_t(0);
+                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(pending_scale[i]);
     }
 
     // KV decoded in shared memory (MXFP4; every quantised format of the
@@ -273,17 +271,30 @@ struct KvTile {
                 const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
+#if defined(MLA_E2M1_TINY)
+                    Bf16x8 v = e2m1x8_to_bf16x8_tiny(words[j]);
+#else
                     Bf16x8 v = e2m1x8_to_bf16x8_unscaled(words[j]);
+#endif
                     scale(v);
                     *out(pass, j) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
                 }
             };
-            if (e8m0_scales_fast(e)) {
-                const uint32_t scale2 = e8m0_bf16x2(e);
-                decode([&](Bf16x8 &v) { scale_fast(v, scale2); });
+#if defined(MLA_E2M1_TINY)
+            // (a branch per unit: scales above 2^1 take a second multiply)
+            const uint32_t first = e8m0_tiny_multiplier(e);
+            if (e8m0_tiny_one_step(e)) {
+                decode([&](Bf16x8 &v) { mul_bf16x8_pow2(v, first); });
             } else {
-                decode([&](Bf16x8 &v) { scale_exact(v, e); });
+                const uint32_t second = e8m0_bf16x2(e);
+                decode([&](Bf16x8 &v) {
+                    mul_bf16x8_pow2(v, first);
+                    mul_bf16x8_pow2(v, second);
+                });
             }
+#else
+            decode([&](Bf16x8 &v) { scale_exact(v, e); });
+#endif
         }
     }
 

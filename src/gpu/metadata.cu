@@ -9,14 +9,18 @@ namespace mla {
 namespace gpu {
 namespace {
 
-constexpr int kMetaThreads = 1024;
-
-constexpr int kMetaWarps = kMetaThreads / MLA_WARP_SIZE;
+// Threads of the one CTA: a thread per sequence up to kMaxMetaThreads (more
+// sequences a thread beyond), at least kMinMetaThreads so that a warp per
+// sequence can write the items of a small batch. Sized to the batch
+// because every pass ends in a CTA-wide barrier, which 32 warps wait on
+// longer than 8.
+constexpr int kMaxMetaThreads = 1024, kMinMetaThreads = 128;
+constexpr int kMaxMetaWarps = kMaxMetaThreads / MLA_WARP_SIZE;
 // Sequences whose schedule the passes keep in shared memory (the rest go
 // through global memory): each pass would otherwise wait for a global load
 // of what the previous one wrote, and the item pass for one per sequence.
 constexpr int kCachedSeqs = 1024;
-static_assert(kMetaWarps <= MLA_WARP_SIZE, "one warp scans the warp totals");
+static_assert(kMaxMetaWarps <= MLA_WARP_SIZE, "one warp scans the warp totals");
 
 // Sum and maximum across a warp (every lane gets them).
 template <class T>
@@ -54,30 +58,31 @@ __device__ Counts<N> warp_inclusive_scan(Counts<N> c) {
 template <int N>
 __device__ Counts<N> block_exclusive_scan(const Counts<N> &value, Counts<N> *warp_sums, Counts<N> *total) {
     const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
+    const int warps = int(blockDim.x) / MLA_WARP_SIZE;
     const Counts<N> inclusive = warp_inclusive_scan(value);
     if (lane == MLA_WARP_SIZE - 1) warp_sums[warp] = inclusive;
     __syncthreads();
     if (warp == 0) {
         Counts<N> w{};
-        if (lane < kMetaWarps) w = warp_sums[lane];
+        if (lane < warps) w = warp_sums[lane];
         w = warp_inclusive_scan(w);
-        if (lane < kMetaWarps) warp_sums[lane] = w;
+        if (lane < warps) warp_sums[lane] = w;
     }
     __syncthreads();
     Counts<N> r;
-    *total = warp_sums[kMetaWarps - 1];
+    *total = warp_sums[warps - 1];
 #pragma unroll
     for (int i = 0; i < N; ++i) r.v[i] = (warp > 0 ? warp_sums[warp - 1].v[i] : 0) + inclusive.v[i] - value.v[i];
     return r;
 }
 
-__global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataParams p) {
+__global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const MetadataParams p) {
     const ScheduleGeometry &g = p.geometry;
-    const int n = p.batch_size, tid = threadIdx.x;
+    const int n = p.batch_size, tid = threadIdx.x, threads = blockDim.x, warps = threads / MLA_WARP_SIZE;
     // Counts per thread: items of each size class (schedule.h), then partials.
     constexpr int kPartials = kItemClasses;
     using ItemCounts = Counts<kItemClasses + 1>;
-    __shared__ ItemCounts warp_sums[kMetaWarps];
+    __shared__ ItemCounts warp_sums[kMaxMetaWarps];
     __shared__ unsigned long long total_blocks;
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
@@ -88,14 +93,22 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         total_blocks = 0;
         first_error = INT_MAX;
         max_splits = 0;
-        total_q = p.qo_indptr[0];  // n == 0; else the last sequence's thread sets it
-        if (p.qo_indptr[0] != 0) first_error = SCHED_BAD_QO_INDPTR;
-        else if (p.kv_indptr[0] != 0) first_error = SCHED_BAD_KV_INDPTR;
+        total_q = 0;  // the last sequence's thread sets it
     }
     __syncthreads();
+    // indptr[0] is checked by sequence 0's thread, in its loads (a check
+    // of its own before the barrier above made every thread wait for it).
+    auto check_first_indptr = [&](int q0, int p0) {
+        if (q0 != 0) atomicMin(&first_error, int(SCHED_BAD_QO_INDPTR));  // (sequence -1)
+        else if (p0 != 0) atomicMin(&first_error, int(SCHED_BAD_KV_INDPTR));
+    };
+    if (n == 0 && tid == 0) {
+        total_q = p.qo_indptr[0];
+        check_first_indptr(p.qo_indptr[0], p.kv_indptr[0]);
+    }
 
     // Each thread owns a contiguous range of sequences.
-    const int per = (n + kMetaThreads - 1) / kMetaThreads;
+    const int per = (n + threads - 1) / threads;
     const int b_begin = min(n, tid * per), b_end = min(n, b_begin + per);
     unsigned long long blocks = 0;
     for (int b = b_begin; b < b_end; ++b) {
@@ -103,6 +116,7 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         const int p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
         const int last = p.kv_last_page_len ? p.kv_last_page_len[b] : g.page_size;
         const int err = check_sequence(q0, q1, p0, p1, last, g);
+        if (b == 0) check_first_indptr(q0, p0);
         if (err != SCHED_OK) atomicMin(&first_error, (b + 1) * 8 + err);
         if (b == n - 1) total_q = q1;
         SeqSchedule s;
@@ -190,10 +204,10 @@ __global__ void __launch_bounds__(kMetaThreads) metadata_kernel(const MetadataPa
         if (b < kCachedSeqs) p.seqs[b] = s;
     }
     __syncthreads();  // every sequence's schedule is final
-    // The items: up to kMetaWarps sequences a warp each, its lanes over the
+    // The items: up to `warps` sequences a warp each, its lanes over the
     // sequence's items; more sequences a thread each (item_first follows the
     // size classes, not the sequence order, so no search over it).
-    if (fits && n <= kMetaWarps) {
+    if (fits && n <= warps) {
         const int b = tid / MLA_WARP_SIZE;
         if (b < n) {
             const SeqSchedule s = sched(b);
@@ -238,7 +252,9 @@ __global__ void validate_pages_kernel(const ScheduleSummary *summary, const Work
 }  // namespace
 
 hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream) {
-    MLA_LAUNCH(metadata_kernel, 1, kMetaThreads, 0, stream)(p);
+    int threads = (p.batch_size + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE * MLA_WARP_SIZE;
+    threads = threads < kMinMetaThreads ? kMinMetaThreads : threads > kMaxMetaThreads ? kMaxMetaThreads : threads;
+    MLA_LAUNCH(metadata_kernel, 1, threads, 0, stream)(p);
     return hipGetLastError();
 }
 
