@@ -197,14 +197,8 @@ struct Wgmma {
         return 0;
 #endif
     }
-    // The descriptor `bytes` further on (a multiple of 16 inside shared
-    // memory). The start address (bits 0-13) stays inside shared memory, so
-    // the add never carries out of the low word: a 32-bit add there (a
-    // 64-bit add cost ptxas a carry and register moves before each wgmma
-    // whose descriptor it could not keep in uniform registers).
-    __device__ static uint64_t advance(uint64_t d, int bytes) {
-        return (d & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d) + uint32_t(bytes >> 4));
-    }
+    // The descriptor `bytes` further on (a multiple of 16 inside shared memory).
+    __device__ static uint64_t advance(uint64_t d, int bytes) { return d + uint64_t(bytes >> 4); }
 
     // Orders this thread's register accesses before the following wgmmas.
     __device__ static void fence() {
