@@ -174,8 +174,8 @@ MLA_HD void scale_exact(Bf16x8 &r, uint8_t e) {
 // sign becomes the bf16 sign, its two exponent bits the low two bits of the
 // bf16 exponent and its mantissa bit the top mantissa bit, which is the
 // E2M1 value x 2^-126 for every code (exponent 0: the bf16 subnormal
-// m/2 x 2^-126). A multiply by 2^(e - 1) then applies E8M0 scale e
-// (e8m0_tiny_multiplier). Per pair (elements 2j, 2j + 1): one byte permute
+// m/2 x 2^-126). Multiplies by 2^(e - 1) then apply E8M0 scale e
+// (scale_tiny). Per pair (elements 2j, 2j + 1): one byte permute
 // puts nibble 2j at bits 12-15 (byte j of codes << 4) and nibble 2j + 1 at
 // bits 28-31 (byte j of codes), one shift by 6 moves the exponent and
 // mantissa bits into place and two masks keep them and the signs: four
@@ -197,13 +197,16 @@ MLA_HD uint32_t e8m0_bf16x2(uint8_t e) {
     return s | (s << 16);
 }
 
-// Whether tiny E2M1 values take E8M0 scale e in one multiply, by 2^(e - 1)
-// (a bf16 normal for e <= 128); above, by 2^126 and then e8m0_bf16x2(e).
-MLA_HD bool e8m0_tiny_one_step(uint8_t e) { return e <= 128; }
-MLA_HD uint32_t e8m0_tiny_multiplier(uint8_t e) {
-    const uint32_t s = (e8m0_tiny_one_step(e) ? uint32_t(e) + 126u : 253u) << 7;  // 2^(e - 1) or 2^126
+// The two multipliers that put E8M0 scale e on tiny E2M1 values: 2^(e - 1)
+// and 1 where 2^(e - 1) is a bf16 normal (e <= 128), else 2^126 and
+// 2^(e - 127) (NaN for e = 255). Always two multiplies: a branch on the
+// scale's kind diverged in nearly every warp (scales on both sides of 2^1
+// in one warp's units) and ran both paths (docs/performance.md, v12).
+MLA_HD uint32_t e8m0_tiny_first(uint8_t e) {
+    const uint32_t s = (e <= 128 ? uint32_t(e) + 126u : 253u) << 7;
     return s | (s << 16);
 }
+MLA_HD uint32_t e8m0_tiny_second(uint8_t e) { return e <= 128 ? 0x3f803f80u : e8m0_bf16x2(e); }
 
 // Eight bf16 times a bf16x2 power of two m2 (equal halves) where every
 // product is a bf16 or overflows: one bf16x2 fma with -0 a pair on sm_80+
@@ -224,8 +227,8 @@ MLA_HD void mul_bf16x8_pow2(Bf16x8 &r, uint32_t m2) {
 
 // Tiny E2M1 values times E8M0 scale e.
 MLA_HD void scale_tiny(Bf16x8 &r, uint8_t e) {
-    mul_bf16x8_pow2(r, e8m0_tiny_multiplier(e));
-    if (!e8m0_tiny_one_step(e)) mul_bf16x8_pow2(r, e8m0_bf16x2(e));
+    mul_bf16x8_pow2(r, e8m0_tiny_first(e));
+    mul_bf16x8_pow2(r, e8m0_tiny_second(e));
 }
 
 // Where MXFP4 decodes through the tiny form: wherever the multiply keeps

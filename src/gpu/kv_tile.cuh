@@ -233,8 +233,7 @@ struct KvTile {
     }
 
     // MXFP4 in units of one scale block, (row, 16-byte chunk) = 32 elements,
-    // decoded as four 8-element words with one scale load and one branch on
-    // the scale's kind, into `dst`: the bf16 tile [N][kKvLd], or (SWIZZLED_OUT)
+    // decoded as four 8-element words with one scale load, into `dst`: the bf16 tile [N][kKvLd], or (SWIZZLED_OUT)
     // a 128-byte-swizzled one as kSwizzled stages bf16 (the warpgroup
     // products read it). The THREADS threads share the tile's units (the
     // stage is complete and visible to all of them after the caller's
@@ -267,34 +266,12 @@ struct KvTile {
             if ((kChunks / 2) % kPairsPerPass != 0 && c0 + 2 * kPairsPerPass * pass >= kChunks) break;
             const uint4 codes = *reinterpret_cast<const uint4 *>(raw + 2 * kPairsPerPass * pass * 16);
             const uint8_t e = row_scales[2 * kPairsPerPass * pass];
-            auto decode = [&](auto scale) {
-                const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+            const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-#if defined(MLA_E2M1_TINY)
-                    Bf16x8 v = e2m1x8_to_bf16x8_tiny(words[j]);
-#else
-                    Bf16x8 v = e2m1x8_to_bf16x8_unscaled(words[j]);
-#endif
-                    scale(v);
-                    *out(pass, j) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
-                }
-            };
-#if defined(MLA_E2M1_TINY)
-            // (a branch per unit: scales above 2^1 take a second multiply)
-            const uint32_t first = e8m0_tiny_multiplier(e);
-            if (e8m0_tiny_one_step(e)) {
-                decode([&](Bf16x8 &v) { mul_bf16x8_pow2(v, first); });
-            } else {
-                const uint32_t second = e8m0_bf16x2(e);
-                decode([&](Bf16x8 &v) {
-                    mul_bf16x8_pow2(v, first);
-                    mul_bf16x8_pow2(v, second);
-                });
+            for (int j = 0; j < 4; ++j) {
+                const Bf16x8 v = e2m1x8_to_bf16x8(words[j], e);
+                *out(pass, j) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
             }
-#else
-            decode([&](Bf16x8 &v) { scale_exact(v, e); });
-#endif
         }
     }
 
