@@ -119,6 +119,7 @@ public:
             max_rows = geometry_.rows_per_item / 2;
         }
         MLA_GPU_TRY(variant_.prepare(smem_optin));
+        sms_ = sms;
         overlap_launches_ = launches_can_overlap(cfg_.device);
         geometry_ = make_geometry(cfg_, sms * variant_.blocks_per_sm(), kMinSplitBlocks, max_rows);
         layout_ = MetadataLayout(geometry_);
@@ -155,6 +156,7 @@ public:
                                        hipMemcpyHostToDevice, s));
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
         step_may_split_ = sched.summary.max_splits > 1;
+        deep_combine_ = sched.summary.max_splits > kCombineBatchSplits;
         return MLA_SUCCESS;
     }
 
@@ -173,6 +175,9 @@ public:
         const hipStream_t s = static_cast<hipStream_t>(stream);
         MLA_GPU_TRY(launch_metadata(p, s));
         step_may_split_ = true;  // (decided on the device)
+        // Splits are decided on the device too: more than a combine batch
+        // is likely only where the batch's head blocks are few per SM.
+        deep_combine_ = int64_t(batch.batch_size) * geometry_.head_blocks * kCombineBatchSplits <= sms_;
         if (cfg_.flags & MLA_FLAG_VALIDATE_DEVICE_INPUTS) {
             ScheduleSummary host{};
             MLA_GPU_TRY(hipMemcpyAsync(&host, p.summary, sizeof host, hipMemcpyDeviceToHost, s));
@@ -255,8 +260,8 @@ public:
             c.head_blocks = g.head_blocks;
             c.rows_per_item = g.rows_per_item;
             c.slot_floats = p.slot_floats;
-            MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), s,
-                                       overlap_launches_));
+            MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), deep_combine_,
+                                       s, overlap_launches_));
         }
         return MLA_SUCCESS;
     }
@@ -279,6 +284,8 @@ private:
     hipEvent_t upload_done_ = nullptr;
     bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
     bool step_may_split_ = true;     // false after a host-built schedule without splits
+    int sms_ = 1;                    // multiprocessors (the device path's guess at deep_combine_)
+    bool deep_combine_ = true;       // the step may have more than kCombineBatchSplits splits
 };
 
 }  // namespace

@@ -10,21 +10,27 @@ namespace gpu {
 namespace {
 
 // One warp per (row, block of kWarpCols columns): blockIdx.x = (sequence,
-// head block, group of kRowsPerCta rows), so a batch of a few split sequences
-// still spreads over many SMs. Each warp reduces the splits' LSEs itself (the
-// few redundant loads are cheaper than a CTA barrier), then merges its column
-// block for kBatch splits at a time: their loads are issued together so the
-// L2 latency is paid once per batch (the first batch's together with the
-// LSEs'), and the sums still run in split order (bitwise deterministic for a
-// given split count). The kernel is a chain of dependent loads (schedule,
-// then partials), so each step issues everything it can at once.
+// head block, group of kRowsPerCta rows), so a batch of a few split
+// sequences still spreads over many SMs. Each warp reduces the splits' LSEs
+// itself (the few redundant loads are cheaper than a CTA barrier), then
+// merges its column block for kBatch splits at a time: their loads are
+// issued together (the first batch's with the LSEs'), so the L2 latency is
+// paid once per batch. The deep kernel (steps where some sequence has more
+// than kBatch splits) also keeps the next batch's loads in flight while one
+// is summed, up to 2 kBatch splits a latency; its registers allow one CTA
+// per SM, which cost batch 32 and 64 1-2 us on an H100 (docs/performance.md,
+// v13), so the backend picks it per step. The sums run in split order
+// (bitwise deterministic for a given split count) in both. The kernel is a
+// chain of dependent loads (schedule, then partials), so each step issues
+// everything it can at once.
 constexpr int kCombineWarps = kThreads / MLA_WARP_SIZE;
 constexpr int kWarpCols = MLA_WARP_SIZE * 4;                   // a float4 per lane
 constexpr int kColBlocks = MLA_HEAD_DIM_V / kWarpCols;         // warps per row
 constexpr int kRowsPerCta = kCombineWarps / kColBlocks;
-constexpr int kBatch = 16;
+constexpr int kBatch = kCombineBatchSplits;
 static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
+template <bool kDeep>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
     wait_for_previous_grid();  // the attention kernel's partials
     allow_next_grid();
@@ -51,8 +57,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
             o[i] = k0 + i < s.splits ? *reinterpret_cast<const float4 *>(src + int64_t(k0 + i) * p.slot_floats)
                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
-    float4 o[kBatch];
-    load_batch(o, 0);  // in flight with the LSE loads below
+    float4 even[kBatch], odd[kBatch];  // batches 2i and 2i + 1 (odd: deep only)
+    load_batch(even, 0);  // in flight with the LSE loads below
+    if (kDeep && s.splits > kBatch) load_batch(odd, kBatch);
 
     __shared__ float weights[kCombineWarps][MLA_MAX_SPLITS];
     float m = -INFINITY;
@@ -69,8 +76,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;  // 0: every split empty; NaN stays NaN
 
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int k0 = 0; k0 < s.splits; k0 += kBatch) {
-        if (k0 > 0) load_batch(o, k0);
+    auto accumulate = [&](const float4(&o)[kBatch], int k0) {
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
             if (k0 + i >= s.splits) break;
@@ -79,6 +85,21 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
             acc.y += wk * o[i].y;
             acc.z += wk * o[i].z;
             acc.w += wk * o[i].w;
+        }
+    };
+    if constexpr (kDeep) {
+        for (int k0 = 0; k0 < s.splits; k0 += 2 * kBatch) {
+            // (even's loads were issued in the previous pass)
+            if (k0 > 0 && k0 + kBatch < s.splits) load_batch(odd, k0 + kBatch);
+            accumulate(even, k0);
+            if (k0 + kBatch >= s.splits) break;
+            if (k0 + 2 * kBatch < s.splits) load_batch(even, k0 + 2 * kBatch);
+            accumulate(odd, k0 + kBatch);
+        }
+    } else {
+        for (int k0 = 0; k0 < s.splits; k0 += kBatch) {
+            if (k0 > 0) load_batch(even, k0);
+            accumulate(even, k0);
         }
     }
     const int tok = s.q_begin + r / heads, h = h0 + r % heads;
@@ -95,8 +116,9 @@ int combine_grid(int max_batch, int head_blocks, int rows_per_item) {
     return max_batch * head_blocks * ((rows_per_item + kRowsPerCta - 1) / kRowsPerCta);
 }
 
-hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream, bool overlap) {
-    return launch_kernel(combine_kernel, Launch{grid, kThreads, 0, stream, overlap}, p);
+hipError_t launch_combine(const CombineParams &p, int grid, bool deep, hipStream_t stream, bool overlap) {
+    return deep ? launch_kernel(combine_kernel<true>, Launch{grid, kThreads, 0, stream, overlap}, p)
+                : launch_kernel(combine_kernel<false>, Launch{grid, kThreads, 0, stream, overlap}, p);
 }
 
 }  // namespace gpu

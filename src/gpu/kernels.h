@@ -75,7 +75,10 @@ int attention_blocks_per_sm();  // resident CTAs per SM (after prepare_attention
 
 // Combine grid of a plan: covers max_batch sequences x head blocks x rows.
 int combine_grid(int max_batch, int head_blocks, int rows_per_item);
-hipError_t launch_combine(const CombineParams &p, int grid, hipStream_t stream, bool overlap);
+// Splits whose partials a combine warp loads at once; `deep` keeps two such
+// batches in flight (for steps with more splits; see combine.cu).
+constexpr int kCombineBatchSplits = 16;
+hipError_t launch_combine(const CombineParams &p, int grid, bool deep, hipStream_t stream, bool overlap);
 hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream);
 // MLA_FLAG_VALIDATE_DEVICE_INPUTS: checks every page index the items touch.
 hipError_t launch_validate_pages(const ScheduleSummary *summary, const WorkItem *items, const int32_t *kv_indices,
