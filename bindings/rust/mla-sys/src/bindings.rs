@@ -973,10 +973,7 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Run attention for one layer with the last metadata built. Never allocates,"]
-    #[doc = "  never synchronises the host, never copies to the host (GPU). A GPU plan's"]
-    #[doc = "  executes must run one after another on the device (one stream, or"]
-    #[doc = "  streams ordered by events): they share the plan's metadata and its"]
-    #[doc = "  split-merge counters. Use a plan per stream for concurrent layers."]
+    #[doc = "  never synchronises the host, never copies to the host (GPU)."]
     pub fn mla_plan_execute(
         plan: *mut mla_plan,
         tensors: *const mla_tensors,
