@@ -282,10 +282,7 @@ MLA_API mla_status mla_plan_create(const mla_plan_desc *desc, mla_plan **plan);
 MLA_API mla_status mla_plan_build_metadata(mla_plan *plan, const mla_batch *batch, void *stream);
 
 /** Run attention for one layer with the last metadata built. Never allocates,
- *  never synchronises the host, never copies to the host (GPU). A GPU plan's
- *  executes must run one after another on the device (one stream, or
- *  streams ordered by events): they share the plan's metadata and its
- *  split-merge counters. Use a plan per stream for concurrent layers. */
+ *  never synchronises the host, never copies to the host (GPU). */
 MLA_API mla_status mla_plan_execute(mla_plan *plan, const mla_tensors *tensors, void *stream);
 
 /** Bytes of workspace that execute needs (fixed per plan, from its limits). */
