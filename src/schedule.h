@@ -69,9 +69,7 @@ struct WorkItem {
     int32_t q_len;
     int32_t kv_len;         // the sequence's whole length (for the causal mask)
     int32_t page_begin;
-    int32_t splits;         // the sequence's splits (the GPU kernel merges few of them itself)
-    int32_t split;          // this item's split: its slot is partial_slot, the first split's partial_slot - split
-    int32_t reserved;
+    int32_t reserved[3];
 };
 
 // Totals of one schedule (first element of the device metadata buffer).
@@ -199,9 +197,7 @@ MLA_HD WorkItem make_item(int32_t seq, const SeqSchedule &s, const ScheduleGeome
     w.q_len = s.q_len;
     w.kv_len = s.kv_len;
     w.page_begin = s.page_begin;
-    w.splits = s.splits;
-    w.split = k;
-    w.reserved = 0;
+    w.reserved[0] = w.reserved[1] = w.reserved[2] = 0;
     return w;
 }
 

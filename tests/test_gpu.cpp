@@ -779,55 +779,6 @@ void test_device_metadata() {
     dm::stream_destroy(stream);
 }
 
-// Splits the attention kernel merges itself (few of them: its last item to
-// finish merges, found by a counter of the plan) next to splits the combine
-// kernel merges, over repeated executes of one plan: a counter not back at
-// zero after an execute leaves the next execute's rows unmerged (poisoned).
-void test_merged_splits() {
-    tu_rng rng;
-    tu_rng_init(&rng, tu_seed() ^ 0x6d65726765ull);
-    dm::stream_t stream = dm::stream_create();
-    struct Case {
-        mla_dtype kv;
-        int max_q_len, splits;  // splits 0: balanced
-        std::vector<int> q_lens, kv_lens;
-    };
-    const std::vector<Case> cases = {
-        // forced 2 / 4 splits of 16 rows: all merged by the attention kernel
-        {MLA_DTYPE_FP8_E4M3, 1, 2, {1, 1, 1, 0, 1}, {700, 130, 64, 90, 1}},
-        {MLA_DTYPE_MXFP4, 1, 4, {1, 1, 1}, {1000, 200, 257}},
-        // forced 8: the combine kernel's (and the 2 to 4 splits of the shorter ones the attention's)
-        {MLA_DTYPE_BF16, 1, 8, {1, 1, 1, 1}, {1100, 250, 130, 600}},
-        // balanced, ragged, q_len 2 (32 rows): merged at 2 splits, the combine's from 3
-        {MLA_DTYPE_BF16, 2, 0, {2, 1, 2, 2, 2, 1}, {3000, 20, 200, 90, 1500, 700}},
-    };
-    for (const Case &c : cases) {
-        Shape s;
-        s.kv = c.kv;
-        s.heads = 16;
-        s.max_q_len = c.max_q_len;
-        s.page = 16;
-        s.splits = c.splits;
-        std::vector<int> kv_lens = c.kv_lens;
-        if (kEmulated)
-            for (int &len : kv_lens) len = std::max(1, len / 4);
-        Host h;
-        make_host(h, s, c.q_lens, kv_lens, true, 1, &rng);
-        Dev d(h);
-        Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
-        const Result want = run_cpu(cpu.p, h, s.heads, false);
-        Result first;
-        for (int rep = 0; rep < 3; ++rep) {
-            const std::string name = strf("merged splits: %s, execute %d", s.name().c_str(), rep + 1);
-            const Result g = run_gpu(gpu.p, h, d, s.heads, rep == 2, false, true, rep == 1 ? nullptr : stream);
-            compare(name.c_str(), h, s, g, want);
-            if (rep == 0) first = g;
-            REQUIRE(g.out == first.out && g.lse == first.lse, "%s: differs from the first execute", name.c_str());
-        }
-    }
-    dm::stream_destroy(stream);
-}
-
 void test_graph_capture() {
     tu_rng rng;
     tu_rng_init(&rng, tu_seed() ^ 0x6772617068ull);
@@ -1179,7 +1130,6 @@ int main() {
         {"nan_keys", test_nan_keys},
         {"random_configs", [count] { test_random_configs(count); }},
         {"device_metadata", test_device_metadata},
-        {"merged_splits", test_merged_splits},
         {"graph_capture", test_graph_capture},
         {"determinism", test_determinism},
         {"validate_device_inputs", test_validate_device_inputs},

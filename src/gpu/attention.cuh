@@ -2,9 +2,7 @@
 // format: one CTA per work item (sequence, head block, KV range). Per KV tile:
 // S = Q K^T on the tile primitive, masked online softmax in shared memory,
 // O += P V on the tile primitive. Unsplit items write out/lse directly, split
-// items write a normalised partial and its LSE, which the last item of a
-// sequence with few splits merges itself (merge_splits.cuh) and the combine
-// kernel merges otherwise.
+// items write a normalised partial and its LSE for the combine kernel.
 #pragma once
 
 #include <math.h>
@@ -12,7 +10,6 @@
 #include "attention_wgmma.cuh"
 #include "kernels.h"
 #include "kv_tile.cuh"
-#include "merge_splits.cuh"
 #include "tile.cuh"
 
 namespace mla {
@@ -273,9 +270,6 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
             p.lse[int64_t(tok) * p.num_heads + h] = lse;
         }
     }
-    if (slot)
-        merge_splits_if_last<ROWS, kThreads>(p, w, rows_valid, tid,
-                                   [](int predicate) { return __syncthreads_or(predicate); });
 }
 
 // The kernel a (rows, kv) specialisation runs: the warpgroup-MMA one

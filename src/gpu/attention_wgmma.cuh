@@ -31,7 +31,6 @@
 
 #include "kernels.h"
 #include "kv_tile.cuh"
-#include "merge_splits.cuh"
 #include "tile.cuh"
 
 namespace mla {
@@ -490,9 +489,6 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
             p.lse[int64_t(tok) * p.num_heads + h] = lse;
         }
     }
-    if (slot)
-        merge_splits_if_last<ROWS, S::kConsumerThreads>(p, w, rows_valid, tid,
-                                   [](int predicate) { return S::consumer_sync_or(predicate); });
 }
 
 }  // namespace gpu

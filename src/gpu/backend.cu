@@ -1,7 +1,6 @@
 // GPU backend: device buffers of a plan, metadata upload or on-device
 // scheduling, and the launches of one execute. Never allocates or
 // synchronises in execute (except under MLA_FLAG_VALIDATE_DEVICE_INPUTS).
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -54,21 +53,17 @@ bool pick_variant(int rows, mla_dtype kv, Variant *v) {
 }
 
 // Device metadata buffer: [summary][zero block][seqs: max_batch][items:
-// max_items][merge counters: max_batch x head_blocks]. The zero block is
-// zeroed at creation and never written (the host staging buffer's copy of
-// it is zeroed too, since an upload copies the summary's whole 256-byte
-// region). The merge counters are zeroed at creation and left at zero by
-// every execute (merge_splits.cuh); uploads do not touch them.
+// max_items]. The zero block is zeroed at creation and never written (the
+// host staging buffer's copy of it is zeroed too, since an upload copies
+// the summary's whole 256-byte region).
 struct MetadataLayout {
     static constexpr size_t kZerosOffset = 128;
-    size_t seqs_offset, items_offset, counters_offset, bytes;
+    size_t seqs_offset, items_offset, bytes;
     explicit MetadataLayout(const ScheduleGeometry &g) {
         static_assert(sizeof(ScheduleSummary) <= kZerosOffset && kZerosOffset + kZeroBytes <= 256, "metadata head");
-        auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
         seqs_offset = 256;
-        items_offset = seqs_offset + round_up(size_t(g.max_batch) * sizeof(SeqSchedule));
-        counters_offset = items_offset + round_up(size_t(g.max_items) * sizeof(WorkItem));
-        bytes = counters_offset + size_t(g.max_batch) * size_t(g.head_blocks) * sizeof(int32_t);
+        items_offset = seqs_offset + ((size_t(g.max_batch) * sizeof(SeqSchedule) + 255) / 256) * 256;
+        bytes = items_offset + size_t(g.max_items) * sizeof(WorkItem);
     }
 };
 
@@ -160,15 +155,7 @@ public:
                                        h + layout_.items_offset, sched.items.size() * sizeof(WorkItem),
                                        hipMemcpyHostToDevice, s));
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
-        // The combine kernel runs only for splits the attention kernel does not merge.
-        step_needs_combine_ = false;
-        const ScheduleGeometry &g = geometry_;
-        for (const SeqSchedule &q : sched.seqs)
-            for (int32_t hb = 0; hb < g.head_blocks; ++hb) {
-                const int32_t heads = std::min(g.heads_per_block, cfg_.num_heads - hb * g.heads_per_block);
-                if (q.splits > 1 && !merged_by_attention(q.splits, q.q_len * heads, merge_rows_))
-                    step_needs_combine_ = true;
-            }
+        step_may_split_ = sched.summary.max_splits > 1;
         deep_combine_ = sched.summary.max_splits > kCombineBatchSplits;
         return MLA_SUCCESS;
     }
@@ -187,7 +174,7 @@ public:
         p.items = items();
         const hipStream_t s = static_cast<hipStream_t>(stream);
         MLA_GPU_TRY(launch_metadata(p, s));
-        step_needs_combine_ = true;  // (splits are decided on the device)
+        step_may_split_ = true;  // (decided on the device)
         // Splits are decided on the device too: more than a combine batch
         // is likely only where the batch's head blocks are few per SM.
         deep_combine_ = int64_t(batch.batch_size) * geometry_.head_blocks * kCombineBatchSplits <= sms_;
@@ -239,11 +226,8 @@ public:
         p.items = items();
         p.zeros = static_cast<const uint8_t *>(metadata_) + MetadataLayout::kZerosOffset;
         p.num_pages = t.num_pages;
-        p.merge_counters = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(metadata_) + layout_.counters_offset);
         p.num_heads = cfg_.num_heads;
         p.heads_per_block = g.heads_per_block;
-        p.head_blocks = g.head_blocks;
-        p.merge_rows = merge_rows_;
         p.page_shift = page_shift;
         p.q_dtype = cfg_.q_dtype;
         p.scale_stride = t.kv_scale_stride;
@@ -256,11 +240,10 @@ public:
         MLA_GPU_TRY(variant_.launch(p, g.max_items, s, overlap_launches_));
 
         // The combine kernel has nothing to do for a step whose host-built
-        // schedule has no split it must merge; a graph being captured keeps
-        // it, as a replay may follow a step that needs it.
-        bool combine = g.mode != SPLIT_FORCED ||
-                       (g.forced_splits > 1 && !merged_by_attention(g.forced_splits, g.rows_per_item, merge_rows_));
-        if (combine && !step_needs_combine_) {
+        // schedule has no split; a graph being captured keeps it, as a
+        // replay may follow a step that splits.
+        bool combine = g.mode != SPLIT_FORCED || g.forced_splits > 1;
+        if (combine && !step_may_split_) {
             hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
             MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
             combine = capture != hipStreamCaptureStatusNone;
@@ -277,7 +260,6 @@ public:
             c.head_blocks = g.head_blocks;
             c.rows_per_item = g.rows_per_item;
             c.slot_floats = p.slot_floats;
-            c.merge_rows = merge_rows_;
             MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), deep_combine_,
                                        s, overlap_launches_));
         }
@@ -301,8 +283,7 @@ private:
     void *validation_ = nullptr;
     hipEvent_t upload_done_ = nullptr;
     bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
-    bool step_needs_combine_ = true; // false after a host-built schedule whose splits the attention merges
-    int32_t merge_rows_ = kMergeRowsBudget;  // merged_by_attention's budget
+    bool step_may_split_ = true;     // false after a host-built schedule without splits
     int sms_ = 1;                    // multiprocessors (the device path's guess at deep_combine_)
     bool deep_combine_ = true;       // the step may have more than kCombineBatchSplits splits
 };

@@ -1,6 +1,5 @@
 // Merge the split partials of each (sequence, head block) in split order:
 // out = sum_k exp(lse_k - M) O_k / sum_k exp(lse_k - M),  lse = M + ln(sum ...).
-// (Those with few splits the attention kernel merges itself: merge_splits.cuh.)
 #include <math.h>
 
 #include "../formats_packed.h"
@@ -42,9 +41,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     // the load is issued with the summary's); sequences past this batch exit.
     const SeqSchedule s = p.seqs[seq];
     if (seq >= p.summary->batch_size || p.summary->error != 0) return;
+    if (s.splits <= 1 || s.q_len == 0) return;
     const int h0 = hb * p.heads_per_block;
     const int heads = min(p.heads_per_block, p.num_heads - h0);
-    if (s.splits <= 1 || s.q_len == 0 || merged_by_attention(s.splits, s.q_len * heads, p.merge_rows)) return;
     const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
     const int r = group * kRowsPerCta + warp / kColBlocks, col0 = (warp % kColBlocks) * kWarpCols + lane * 4;
     if (r >= s.q_len * heads) return;  // whole warps leave; no CTA-wide barrier below

@@ -698,8 +698,6 @@ inline uint32_t __byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
     for (int i = 0; i < 4; ++i) r |= uint32_t((bytes >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
     return r;
 }
-// One CTA runs at a time and its fibers share one memory: fences order nothing more.
-inline void __threadfence() {}
 // Atomics: fibers of the one running CTA never interleave inside a call.
 template <class T>
 T atomicAdd(T *a, T v) {

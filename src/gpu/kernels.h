@@ -26,12 +26,9 @@ struct AttentionParams {
     const ScheduleSummary *summary;
     const WorkItem *items;
     const uint8_t *zeros;     // kZeroBytes zero bytes of the plan (MXFP4 scales of zero-filled rows)
-    int32_t *merge_counters;  // per (sequence, head block): its items done (merged_by_attention)
     int64_t num_pages;        // 0: unknown (page indices not clamped)
     int32_t num_heads;
     int32_t heads_per_block;
-    int32_t head_blocks;
-    int32_t merge_rows;       // merged_by_attention's budget
     int32_t page_shift;       // log2(page_size)
     int32_t q_dtype;          // mla_dtype
     int32_t scale_stride;     // MXFP4 scale bytes per token
@@ -52,7 +49,6 @@ struct CombineParams {
     int32_t head_blocks;
     int32_t rows_per_item;
     int32_t slot_floats;
-    int32_t merge_rows;       // merged_by_attention's budget: those are not the combine's
 };
 
 struct MetadataParams {
@@ -65,19 +61,6 @@ struct MetadataParams {
     SeqSchedule *seqs;
     WorkItem *items;
 };
-
-// A split (sequence, head block) whose partials the attention kernel merges
-// itself: the last of its items to finish (counted on the plan's
-// merge_counters) reads every split's partial and writes out and lse, so
-// the step needs no combine kernel after it. One CTA reads splits x rows
-// partial rows there, so only where they are few (merge_rows, at most
-// kMaxMergedSplits splits); the combine kernel spreads larger merges over
-// many SMs. docs/performance.md, v14.
-constexpr int kMaxMergedSplits = 4;
-constexpr int kMergeRowsBudget = kMaxMergedSplits * 16;  // 4 splits of 16 rows (one head block of 16 heads)
-MLA_HD bool merged_by_attention(int32_t splits, int32_t rows, int32_t merge_rows) {
-    return splits > 1 && splits <= kMaxMergedSplits && splits * rows <= merge_rows;
-}
 
 // Launch the attention kernel specialised for (rows_per_item, kv dtype).
 // Defined once per specialisation in the generated attention_*.cu files.
