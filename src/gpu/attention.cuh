@@ -311,6 +311,11 @@ int attention_blocks_per_sm() {
 }
 
 template <int ROWS, int KV>
+bool attention_is_warpgroup() {
+    return AttentionKernel<ROWS, KV>::kWgmma;
+}
+
+template <int ROWS, int KV>
 hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stream, bool overlap) {
     using K = AttentionKernel<ROWS, KV>;
     return launch_kernel(K::function(), Launch{grid, K::kThreads, size_t(K::kSmemBytes), stream, overlap}, p);
@@ -324,4 +329,5 @@ hipError_t launch_attention(const AttentionParams &p, int grid, hipStream_t stre
     template hipError_t mla::gpu::launch_attention<ROWS, KV>(const mla::gpu::AttentionParams &, int, hipStream_t, bool); \
     template hipError_t mla::gpu::prepare_attention<ROWS, KV>(int);                             \
     template int mla::gpu::attention_smem_bytes<ROWS, KV>();                          \
-    template int mla::gpu::attention_blocks_per_sm<ROWS, KV>();
+    template int mla::gpu::attention_blocks_per_sm<ROWS, KV>();                       \
+    template bool mla::gpu::attention_is_warpgroup<ROWS, KV>();

@@ -18,18 +18,20 @@ using LaunchFn = hipError_t (*)(const AttentionParams &, int, hipStream_t, bool)
 using PrepareFn = hipError_t (*)(int);
 using SmemFn = int (*)();
 using OccupancyFn = int (*)();
+using KindFn = bool (*)();
 
 struct Variant {
     LaunchFn launch;
     PrepareFn prepare;
     SmemFn smem;
     OccupancyFn blocks_per_sm;
+    KindFn warpgroup;
 };
 
 template <int ROWS, int KV>
 constexpr Variant variant() {
     return {&launch_attention<ROWS, KV>, &prepare_attention<ROWS, KV>, &attention_smem_bytes<ROWS, KV>,
-            &attention_blocks_per_sm<ROWS, KV>};
+            &attention_blocks_per_sm<ROWS, KV>, &attention_is_warpgroup<ROWS, KV>};
 }
 
 template <int ROWS>
@@ -104,8 +106,17 @@ public:
         // The balanced scheduler targets one work item per resident CTA. The
         // kernel variant depends only on the row tile: take the largest row
         // tile the heads need whose shared memory fits the device (AMD's
-        // 64 KB fit 16 rows), then size the schedule by its occupancy.
+        // 64 KB fit 16 rows), then size the schedule by its occupancy. Where
+        // 32 rows run the warpgroup kernel and 64 do not (bf16 and E4M3 on
+        // sm_90a), wider rows take more 32-row head blocks instead: per query
+        // row the 32-row warpgroup kernel costs less than the 64-row mma.sync
+        // one, and the blocks of one sequence run side by side, so the
+        // second reads the KV from L2 (docs/performance.md, v15).
         int max_rows = 64;
+        Variant v32{}, v64{};
+        if (pick_variant(32, cfg_.kv_dtype, &v32) && pick_variant(64, cfg_.kv_dtype, &v64) && v32.warpgroup() &&
+            !v64.warpgroup())
+            max_rows = 32;
         for (;;) {
             geometry_ = make_geometry(cfg_, sms, kMinSplitBlocks, max_rows);
             if (!pick_variant(geometry_.rows_per_item, cfg_.kv_dtype, &variant_))

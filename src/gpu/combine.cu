@@ -32,16 +32,18 @@ static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0
 
 template <bool kDeep>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
-    wait_for_previous_grid();  // the attention kernel's partials
-    allow_next_grid();
     const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
     const int group = blockIdx.x % row_groups, seq_hb = blockIdx.x / row_groups;
     const int seq = seq_hb / p.head_blocks, hb = seq_hb % p.head_blocks;
     // The grid covers the plan's max_batch (seqs has that many entries, so
     // the load is issued with the summary's); sequences past this batch exit.
+    // The schedule is read before the wait: the attention kernel before this
+    // one waited for it (runtime.h), so only the partials' loads follow it.
     const SeqSchedule s = p.seqs[seq];
-    if (seq >= p.summary->batch_size || p.summary->error != 0) return;
-    if (s.splits <= 1 || s.q_len == 0) return;
+    const bool idle = seq >= p.summary->batch_size || p.summary->error != 0 || s.splits <= 1 || s.q_len == 0;
+    wait_for_previous_grid();  // the attention kernel's partials
+    allow_next_grid();
+    if (idle) return;
     const int h0 = hb * p.heads_per_block;
     const int heads = min(p.heads_per_block, p.num_heads - h0);
     const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;

@@ -72,6 +72,8 @@ template <int ROWS, int KV>
 int attention_smem_bytes();
 template <int ROWS, int KV>
 int attention_blocks_per_sm();  // resident CTAs per SM (after prepare_attention)
+template <int ROWS, int KV>
+bool attention_is_warpgroup();  // runs attention_wgmma.cuh's kernel (else attention.cuh's)
 
 // Combine grid of a plan: covers max_batch sequences x head blocks x rows.
 int combine_grid(int max_batch, int head_blocks, int rows_per_item);

@@ -146,9 +146,13 @@ hipError_t launch_kernel(void (*kernel)(Params...), const Launch &l, const Args 
 }
 #endif
 
-// Device side of launch_kernel: every thread waits for the previous grid's
-// completion (and its memory) before touching global memory; signalling
-// early lets the next kernel be scheduled while this one runs.
+// Device side of launch_kernel. Every kernel of the library keeps two
+// rules: every thread calls wait_for_previous_grid() before its first global
+// write and before it exits (so a grid never completes before its
+// predecessor), and allow_next_grid() only after its own wait. Then a grid
+// starts only once the grid two places before it on the stream has completed,
+// so what the grid before that one waited for, the step's metadata in
+// particular, may be read before the wait (the combine kernel does).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(MLA_GPU_EMULATED)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
