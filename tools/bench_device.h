@@ -53,6 +53,9 @@ public:
     // is overwritten before every call, outside the timed region. Returns the
     // time of each timed call in microseconds.
     virtual std::vector<double> time_each(int warmup, int iters, bool flush, const std::function<void(int)> &body) = 0;
+    // Flush by overwriting the cache (dirty lines) instead of by reading
+    // another buffer through it (clean lines, the default). Host: no effect.
+    virtual void set_dirty_flush(bool) {}
 
     // Capture `variants` graphs, graph k recording capture(k, stream), then
     // replay them round robin. Without `flush`: `iters` back-to-back replays

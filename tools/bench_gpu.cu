@@ -128,6 +128,7 @@ public:
     }
     ~GpuDevice() override {
         scratch_.reset();
+        sink_.reset();
         if (stream_) {
             (void)hipStreamSynchronize(stream_);
             (void)hipStreamDestroy(stream_);
@@ -208,6 +209,8 @@ public:
         return us;
     }
 
+    void set_dirty_flush(bool dirty) override { dirty_flush_ = dirty; }
+
     bool supports_graphs() const override { return true; }
 
     double time_graphs(int variants, int warmup, int iters, bool flush,
@@ -249,11 +252,26 @@ private:
         BENCH_HIP(hipGetLastError());
     }
 
-    // Overwrite twice the L2 so none of the previous call's data stays.
+    // Evict the previous call's data from the L2 by reading a buffer twice
+    // its size: the lines left behind are clean, as in the read-bandwidth
+    // measurement, so the timed call pays for no write-back of the flush's
+    // own data. A memset flush (dirty_flush_) leaves the L2 full of dirty
+    // lines, whose write-back cost the flushed shapes ~10 us on an H100
+    // (docs/performance.md, v15).
     void flush_l2() {
         if (!scratch_.get()) scratch_ = Buffer(*this, 2 * l2_);
-        BENCH_HIP(hipMemsetAsync(scratch_.get(), int(++flush_count_ & 0xff), scratch_.size(), stream_));
+        if (dirty_flush_) {
+            BENCH_HIP(hipMemsetAsync(scratch_.get(), int(++flush_count_ & 0xff), scratch_.size(), stream_));
+            return;
+        }
+        if (!sink_.get()) {
+            BENCH_HIP(hipMemsetAsync(scratch_.get(), 0x5a, scratch_.size(), stream_));
+            sink_ = Buffer(*this, size_t(sms_) * 4 * sizeof(uint32_t));
+        }
+        launch_read(scratch_, scratch_.size() / sizeof(uint4), sink_, sms_ * 4, 512);
     }
+    Buffer sink_;  // read_kernel's per-CTA results of the flush
+    bool dirty_flush_ = false;
 
     std::string name_;
     size_t l2_ = 0;

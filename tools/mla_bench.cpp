@@ -59,6 +59,7 @@ struct Options {
     bool shuffle_pages = false;
     bool sweep = false;
     bool graphs = true;
+    bool dirty_flush = false;
     int threads = 0;
     std::string json, plot, python = "python3", scripts_dir;
     bool compare_torch = false;
@@ -96,6 +97,9 @@ void usage(std::FILE *f) {
         "  --seed N             data seed (default: from the clock; printed)\n"
         "  --sweep              also time forced split counts 1,2,4,..,64 per shape\n"
         "  --no-graph           skip the captured-graph timings (GPU)\n"
+        "  --dirty-flush        flush the L2 by a memset (before v15) instead of by\n"
+        "                       reading a buffer: the timed call then also pays for\n"
+        "                       writing back the memset's dirty lines\n"
         "\n"
         "output:\n"
         "  --json FILE          write the rows, bandwidth, device, date, git as JSON\n"
@@ -216,6 +220,8 @@ Options parse_options(int argc, char **argv) {
             o.sweep = true;
         } else if (a == "--no-graph") {
             o.graphs = false;
+        } else if (a == "--dirty-flush") {
+            o.dirty_flush = true;
         } else if (a == "--threads") {
             if (!parse_int(value(), 0, 1024, &x)) bad_usage("--threads needs a count in 0..1024");
             o.threads = int(x);
@@ -981,7 +987,8 @@ void compare_torch(const Options &o, bool gpu, int iters, int warmup, unsigned l
     {
         std::ofstream f(in);
         f << "{\"iters\": " << iters << ", \"warmup\": " << warmup << ", \"seed\": " << seed
-          << ", \"shuffle_pages\": " << (o.shuffle_pages ? "true" : "false") << ", \"shapes\": [";
+          << ", \"shuffle_pages\": " << (o.shuffle_pages ? "true" : "false")
+          << ", \"dirty_flush\": " << (o.dirty_flush ? "true" : "false") << ", \"shapes\": [";
         for (size_t i = 0; i < rows.size(); ++i) {
             const Row &r = rows[i];
             f << (i ? ",\n" : "\n") << "{\"id\": " << i << ", \"kv_dtype\": \"" << r.kv_dtype << "\", \"batch\": " << r.batch
@@ -1070,6 +1077,7 @@ int run(int argc, char **argv) {
     }
     if (!dev) dev = make_host_device();
     const bool gpu = dev->is_gpu();
+    dev->set_dirty_flush(o.dirty_flush);
     const int iters = o.iters > 0 ? o.iters : gpu ? 100 : 5;
     const int warmup = o.warmup >= 0 ? o.warmup : gpu ? 10 : 1;
 
@@ -1087,6 +1095,7 @@ int run(int argc, char **argv) {
     info.iters = iters;
     info.warmup = warmup;
     info.shuffle_pages = o.shuffle_pages;
+    info.dirty_flush = o.dirty_flush && gpu;
     info.cache_bytes = double(dev->cache_bytes());
     info.read_buffer_bytes = double(dev->read_bandwidth_buffer_bytes());
     try {

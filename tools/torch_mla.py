@@ -11,7 +11,7 @@ are built once per shape outside the timed region.
   torch_mla.py --self-test [--device cpu|cuda]
 
 SHAPES.json (written by mla-bench):
-  {"iters": N, "warmup": W, "seed": S, "shuffle_pages": bool,
+  {"iters": N, "warmup": W, "seed": S, "shuffle_pages": bool, "dirty_flush": bool,
    "shapes": [{"id": i, "kv_dtype": "bf16|fp8|fp8fnuz|mxfp4", "batch": B,
                "heads": H, "q_len": n, "page_size": P, "kv_lens": [...]}, ...]}
 RESULTS.json:
@@ -183,7 +183,7 @@ def median(v):
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
-def time_shape(torch, shape, iters, warmup, shuffle, seed, device):
+def time_shape(torch, shape, iters, warmup, shuffle, seed, device, dirty_flush=False):
     kv_dtype = shape["kv_dtype"]
     heads, q_len, page = shape["heads"], shape["q_len"], shape["page_size"]
     gen = torch.Generator().manual_seed(int(seed) % (2 ** 63) + int(shape["id"]))
@@ -223,8 +223,10 @@ def time_shape(torch, shape, iters, warmup, shuffle, seed, device):
         torch.cuda.synchronize(device)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         for i, (start, end) in enumerate(events):
-            if flush:
+            if flush and dirty_flush:
                 scratch.fill_(i & 0xFF)
+            elif flush:
+                scratch.sum()  # evict by reading: clean lines, as mla-bench does by default
             start.record()
             call(warmup + i)
             end.record()
@@ -344,7 +346,8 @@ def main():
     for shape in spec["shapes"]:
         try:
             r = time_shape(torch, shape, int(spec.get("iters", 100)), int(spec.get("warmup", 10)),
-                           bool(spec.get("shuffle_pages", False)), spec.get("seed", 0), device)
+                           bool(spec.get("shuffle_pages", False)), spec.get("seed", 0), device,
+                           bool(spec.get("dirty_flush", False)))
         except (RuntimeError, MemoryError) as e:  # out of memory and the like: report, go on
             r = {"id": shape["id"], "us": None, "error": str(e).splitlines()[0]}
             if device.type == "cuda":
