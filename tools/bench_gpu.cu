@@ -172,22 +172,20 @@ public:
         if (bandwidth_ >= 0) return bandwidth_;
         const size_t bytes = read_bandwidth_buffer_bytes();
         Buffer data(*this, bytes);
-        const int threads = 512, blocks = sms_ * 4;
-        Buffer out(*this, size_t(blocks) * sizeof(uint32_t));
+        Buffer out(*this, read_sink_bytes());
         BENCH_HIP(hipMemsetAsync(data.get(), 0x5a, bytes, stream_));
-        const size_t n = bytes / sizeof(uint4);
         const int warmup = 3, runs = 15;
         Events ev(2 * size_t(runs));
-        for (int i = 0; i < warmup; ++i) launch_read(data, n, out, blocks, threads);
+        for (int i = 0; i < warmup; ++i) launch_read(data, out);
         for (int i = 0; i < runs; ++i) {
             BENCH_HIP(hipEventRecord(ev[2 * size_t(i)], stream_));
-            launch_read(data, n, out, blocks, threads);
+            launch_read(data, out);
             BENCH_HIP(hipEventRecord(ev[2 * size_t(i) + 1], stream_));
         }
         BENCH_HIP(hipEventSynchronize(ev[2 * size_t(runs) - 1]));
         std::vector<double> gbs;
         for (int i = 0; i < runs; ++i) gbs.push_back(double(bytes) / (elapsed_us(ev[2 * size_t(i)], ev[2 * size_t(i) + 1]) * 1e3));
-        std::vector<uint32_t> sink(static_cast<size_t>(blocks));
+        std::vector<uint32_t> sink(read_sink_bytes() / sizeof(uint32_t));
         download(sink.data(), out.get(), sink.size() * sizeof(uint32_t));
         bandwidth_ = median(gbs);
         return bandwidth_;
@@ -247,8 +245,13 @@ public:
     }
 
 private:
-    void launch_read(const Buffer &data, size_t n, const Buffer &out, int blocks, int threads) {
-        read_kernel<<<blocks, threads, 0, stream_>>>(data.as<const uint4>(), n, out.as<uint32_t>());
+    // read_kernel over all of `data` (a multiple of 16 bytes); `out` takes
+    // read_sink_bytes() of per-CTA results.
+    int read_blocks() const { return sms_ * 4; }
+    size_t read_sink_bytes() const { return size_t(read_blocks()) * sizeof(uint32_t); }
+    void launch_read(const Buffer &data, const Buffer &out) {
+        read_kernel<<<read_blocks(), 512, 0, stream_>>>(data.as<const uint4>(), data.size() / sizeof(uint4),
+                                                        out.as<uint32_t>());
         BENCH_HIP(hipGetLastError());
     }
 
@@ -266,9 +269,9 @@ private:
         }
         if (!sink_.get()) {
             BENCH_HIP(hipMemsetAsync(scratch_.get(), 0x5a, scratch_.size(), stream_));
-            sink_ = Buffer(*this, size_t(sms_) * 4 * sizeof(uint32_t));
+            sink_ = Buffer(*this, read_sink_bytes());
         }
-        launch_read(scratch_, scratch_.size() / sizeof(uint4), sink_, sms_ * 4, 512);
+        launch_read(scratch_, sink_);
     }
     Buffer sink_;  // read_kernel's per-CTA results of the flush
     bool dirty_flush_ = false;
