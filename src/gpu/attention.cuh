@@ -126,8 +126,9 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
 #pragma unroll
     for (int t = 0; t < S::kStages; ++t) {
         if (t < num_tiles) {
-            kv.issue(p, w, w.kv_begin + t * N, t);
-            kv.finish_issue(t);
+            typename S::Kv::ScaleLoads scales;
+            kv.issue(p, w, w.kv_begin + t * N, t, &scales);
+            kv.finish_issue(t, scales);
         }
         async_commit();  // one group per tile, empty or not: the waits count groups
     }
@@ -149,10 +150,11 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N, next = j + S::kStages;
         async_wait<S::kStages - 1>();  // tile j has landed
         __syncthreads();
+        typename S::Kv::ScaleLoads next_scales;  // (MXFP4) stored once this tile's math is done
         if (S::Kv::kDecodesToShared) {
             kv.decode_to_shared(stage);
             __syncthreads();  // the whole tile is decoded: its raw stage is free
-            if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage);
+            if (next < num_tiles) kv.issue(p, w, w.kv_begin + next * N, stage, &next_scales);
             async_commit();
         }
 
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         }
         kv.template pv<kONt, N>(o_acc, ps + wm * 16 * S::kPLd, S::kPLd, stage, wn * S::kOCols);
         if (S::Kv::kDecodesToShared) {
-            if (next < num_tiles) kv.finish_issue(stage);
+            if (next < num_tiles) kv.finish_issue(stage, next_scales);
             // No barrier: the next iteration's first one orders this tile's
             // reads of S, P and the decoded tile before their next writes.
         } else {

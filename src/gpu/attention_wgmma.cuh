@@ -225,7 +225,9 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
 // The producer warpgroups of an item (MXFP4): stage the raw tiles (tiles
 // j + 1 and j + 2 load while tile j is decoded; one commit group per tile,
 // empty or not), decode tile j into decoded buffer j % 2 once the consumer
-// has released that buffer's tile j - 2, and hands it over.
+// has released that buffer's tile j - 2, and hands it over. The scale bytes
+// of the tile issued in an iteration are stored after that iteration's
+// decode, which hides their loads' latency (KvTile::ScaleLoads).
 template <class S>
 __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &w, int num_tiles, uint8_t *raw_landing,
                                       uint8_t *raw_scales, uint8_t *decoded) {
@@ -233,32 +235,29 @@ __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &
     constexpr int N = S::N, kRaw = S::kRawStages;
     Raw raw;
     raw.landing = raw_landing, raw.scales = raw_scales, raw.converted = nullptr;
-    // A tile's scales are loaded into registers by its issue() and stored
-    // before the next issue() (whose loads reuse the registers), or, for the
-    // last tile, at the top of its iteration.
-    int pending = -1;  // the raw stage whose scales are still in registers
-    auto issue = [&](int t) {
-        if (pending >= 0) raw.finish_issue(pending);
-        raw.issue(p, w, w.kv_begin + t * N, t % kRaw);
-        pending = t % kRaw;
-    };
     raw.look_up(p, w, w.kv_begin);
+    typename Raw::ScaleLoads first[kRaw - 1];
 #pragma unroll
     for (int t = 0; t < kRaw - 1; ++t) {
-        if (t < num_tiles) issue(t);
+        if (t < num_tiles) raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
         async_commit();
     }
+#pragma unroll
+    for (int t = 0; t < kRaw - 1; ++t)
+        if (t < num_tiles) raw.finish_issue(t, first[t]);
     for (int j = 0; j < num_tiles; ++j) {
-        if (j + 1 == num_tiles && pending >= 0) raw.finish_issue(pending);
         async_wait<kRaw - 2>();  // tile j has landed
         // ... for every producer thread (its scales too), and every one is
         // done decoding tile j - 1, whose stage tile j + kRaw - 1 reuses.
         barrier_sync(S::kProducerBarrier, S::kProducerThreads);
-        if (j + kRaw - 1 < num_tiles) issue(j + kRaw - 1);
+        const int ahead = j + kRaw - 1;
+        typename Raw::ScaleLoads ahead_scales;
+        if (ahead < num_tiles) raw.issue(p, w, w.kv_begin + ahead * N, ahead % kRaw, &ahead_scales);
         async_commit();
         const int b = j % S::kStages;
         if (j >= S::kStages) barrier_sync(S::empty_barrier(b), S::kThreads);  // tile j - 2's products are done
         raw.template decode_mxfp4<true>(j % kRaw, decoded + b * (S::Kv::kLandingBytes / S::kStages));
+        if (ahead < num_tiles) raw.finish_issue(ahead % kRaw, ahead_scales);
         fence_proxy_async();  // the decoded tile is visible to the consumer's wgmmas ...
         barrier_arrive(S::full_barrier(b), S::kThreads);  // ... once it has passed this barrier
     }

@@ -95,18 +95,23 @@ struct KvTile {
 
     // MXFP4: lane l < kScaleLd of a warp loads scale byte l of each row the
     // warp copies in issue() (byte loads: any alignment, nothing outside the
-    // row's scales is read) and stores them in finish_issue(), once a tile's
-    // math has hidden their latency. The lane that looks a row up computes
-    // its scale address once and the others get it by one 64-bit shuffle,
-    // as for the row itself; a zero-filled row's scales come from the
-    // plan's zero block (p.zeros), so they decode to 0, never to a stale or
-    // NaN scale times the zero codes. The loads are not predicated (lanes
-    // l >= kScaleLd load byte 0 again): a predicated load, into a zeroed
-    // register or not, merges with the register's old value, and ptxas
-    // loaded into a temporary and copied it at once, waiting out every
-    // load's latency in issue(), which made MXFP4 1.8x slower
-    // (docs/performance.md, v11).
-    uint32_t pending_scale[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
+    // row's scales is read) into the caller's ScaleLoads, and finish_issue()
+    // stores them, once a tile's math has hidden their latency. The lane
+    // that looks a row up computes its scale address once and the others get
+    // it by one 64-bit shuffle, as for the row itself; a zero-filled row's
+    // scales come from the plan's zero block (p.zeros), so they decode to 0,
+    // never to a stale or NaN scale times the zero codes. The loads are not
+    // predicated (lanes l >= kScaleLd load byte 0 again): a predicated load,
+    // into a zeroed register or not, merges with the register's old value,
+    // and ptxas loaded into a temporary and copied it at once, waiting out
+    // every load's latency in issue(), which made MXFP4 1.8x slower
+    // (docs/performance.md, v11). For the same reason the caller keeps each
+    // issue's ScaleLoads within one loop iteration (issue, the tile's math,
+    // finish_issue): carried across iterations, ptxas again copied the
+    // loaded bytes into the carried registers right after the loads (v16).
+    struct ScaleLoads {
+        uint32_t byte[KV == MLA_DTYPE_MXFP4 ? kRowsPerWarp : 1];
+    };
 
     // The page-table entry of the token this lane looks up for the next
     // issue(): lane l < kRowsPerWarp of warp w takes row w + l * kWarps of
@@ -147,8 +152,10 @@ struct KvTile {
     // (Dealing the warp's rows' chunks out across all 32 lanes, so that each
     // copy instruction moves 32 chunks, cost MXFP4 43% and fp8 3% on the
     // H200: docs/performance.md, v11.)
-    // MXFP4 needs finish_issue(stage) before the stage's async_wait barrier.
-    __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage) {
+    // MXFP4 loads the rows' scales into *scales, which finish_issue(stage,
+    // *scales) must store before the stage's async_wait barrier.
+    __device__ void issue(const AttentionParams &p, const WorkItem &w, int t0, int stage,
+                          ScaleLoads *scales = nullptr) {
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = group_thread() / MLA_WARP_SIZE;
         const int64_t my_row = row_on_page(p, next_page, t0);  // this lane's looked-up row
         // The row's address; bit 0 set (KV rows are 16-byte aligned) where
@@ -184,19 +191,19 @@ struct KvTile {
                 if (kChunks % MLA_WARP_SIZE == 0 || lane + k * MLA_WARP_SIZE < kChunks)
                     copy16_async_zfill(dst + k * (kSwizzled ? 4 * kSlabBytes : MLA_WARP_SIZE * 16),
                                        src + k * MLA_WARP_SIZE * 16, bytes);
-            if (KV == MLA_DTYPE_MXFP4)
-                pending_scale[i] = load_u8(reinterpret_cast<const uint8_t *>(uintptr_t(MLA_SHFL(my_scales, i))) + scale_byte);
+            if constexpr (KV == MLA_DTYPE_MXFP4)
+                scales->byte[i] = load_u8(reinterpret_cast<const uint8_t *>(uintptr_t(MLA_SHFL(my_scales, i))) + scale_byte);
         }
     }
 
-    // Store the scales of the last issue into `stage` (MXFP4).
-    __device__ void finish_issue(int stage) {
+    // Store the scales that an issue() into `stage` loaded (MXFP4).
+    __device__ void finish_issue(int stage, const ScaleLoads &loaded) {
         if (KV != MLA_DTYPE_MXFP4) return;
         const int lane = threadIdx.x % MLA_WARP_SIZE, warp = group_thread() / MLA_WARP_SIZE;
         if (lane < kScaleLd)
 #pragma unroll
             for (int i = 0; i < kRowsPerWarp; ++i)
-                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(pending_scale[i]);
+                scales[(stage * N + warp + i * kWarps) * kScaleLd + lane] = uint8_t(loaded.byte[i]);
     }
 
     // KV decoded in shared memory (MXFP4; every quantised format of the

@@ -436,7 +436,7 @@ __device__ __forceinline__ void copy16_async(void *smem, const void *gmem, bool 
 
 // The byte at p, loaded where this call is (asm volatile keeps the load
 // in issue order, so its latency overlaps what follows until the value is
-// used). Unpredicated on purpose: see KvTile::pending_scale.
+// used). Unpredicated on purpose: see KvTile::ScaleLoads.
 __device__ __forceinline__ uint32_t load_u8(const uint8_t *p) {
 #if defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
     uint32_t v;
