@@ -46,8 +46,9 @@ struct ScheduleGeometry {
     int32_t max_items;        // bound on work items of any batch (sizes buffers)
 };
 
-// Per-sequence result of scheduling.
-struct SeqSchedule {
+// Per-sequence result of scheduling. (16-byte aligned, as WorkItem: the
+// device scheduler and the kernels move both in 16-byte words.)
+struct alignas(16) SeqSchedule {
     int32_t q_begin;        // first query token (row of q / out)
     int32_t q_len;
     int32_t kv_len;
@@ -59,7 +60,7 @@ struct SeqSchedule {
 };
 
 // One unit of kernel work.
-struct WorkItem {
+struct alignas(16) WorkItem {
     int32_t seq;
     int32_t head_block;
     int32_t kv_begin;       // first KV token of this item

@@ -88,7 +88,19 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     __shared__ int max_splits;
     __shared__ int total_q;
     __shared__ SeqSchedule cached[kCachedSeqs];
-    auto sched = [&](int b) -> SeqSchedule & { return b < kCachedSeqs ? cached[b] : p.seqs[b]; };
+    // A sequence's schedule is copied in and out whole (16-byte words; a
+    // reference into either memory made every access a generic one, and
+    // every work item's store forced the fields to be loaded again).
+    auto load_seq = [&](int b) {
+        SeqSchedule s;
+        if (b < kCachedSeqs) s = cached[b];
+        else s = p.seqs[b];
+        return s;
+    };
+    auto store_seq = [&](int b, const SeqSchedule &s) {
+        if (b < kCachedSeqs) cached[b] = s;
+        else p.seqs[b] = s;
+    };
     if (tid == 0) {
         total_blocks = 0;
         first_error = INT_MAX;
@@ -128,7 +140,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         s.item_first = 0;
         s.partial_first = -1;
         s.reserved = 0;
-        sched(b) = s;
+        store_seq(b, s);
         if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len, g);
     }
     const int lane = tid % MLA_WARP_SIZE;
@@ -166,10 +178,14 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         ItemCounts counts{};
         local_max = 0;
         for (int b = b_begin; b < b_end; ++b) {
-            SeqSchedule &s = sched(b);
+            SeqSchedule s = load_seq(b);
             const int kv_blocks = seq_blocks(s.kv_len, g);
             s.splits = seq_splits(s.q_len, kv_blocks, target, g);
-            counts.v[item_class(kv_blocks, s.splits, target)] += s.splits * g.head_blocks;
+            store_seq(b, s);
+            const int cls = item_class(kv_blocks, s.splits, target);
+#pragma unroll
+            for (int c = 0; c < kItemClasses; ++c)  // registers, not a local-memory index
+                if (c == cls) counts.v[c] += s.splits * g.head_blocks;
             if (s.splits > 1) counts.v[kPartials] += s.splits * g.head_blocks;
             local_max = max(local_max, s.splits);
         }
@@ -189,7 +205,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     const int total_partials = totals.v[kPartials];
     const bool fits = total_items <= g.max_items;
     for (int b = b_begin; b < b_end; ++b) {
-        SeqSchedule &s = sched(b);
+        SeqSchedule s = load_seq(b);
         if (fits) {
             const int cls = item_class(seq_blocks(s.kv_len, g), s.splits, target);
 #pragma unroll
@@ -201,7 +217,8 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
             s.partial_first = s.splits > 1 ? cursor.v[kPartials] : -1;
             if (s.splits > 1) cursor.v[kPartials] += s.splits * g.head_blocks;
         }
-        if (b < kCachedSeqs) p.seqs[b] = s;
+        if (b < kCachedSeqs) cached[b] = s;
+        p.seqs[b] = s;
     }
     __syncthreads();  // every sequence's schedule is final
     // The items: up to `warps` sequences a warp each, its lanes over the
@@ -210,12 +227,15 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     if (fits && n <= warps) {
         const int b = tid / MLA_WARP_SIZE;
         if (b < n) {
-            const SeqSchedule s = sched(b);
+            const SeqSchedule s = load_seq(b);
             for (int j = lane; j < s.splits * g.head_blocks; j += MLA_WARP_SIZE)
                 p.items[s.item_first + j] = make_item(b, s, g, j / s.splits, j % s.splits);
         }
     } else if (fits) {
-        for (int b = b_begin; b < b_end; ++b) emit_items(b, sched(b), g, p.items);
+        for (int b = b_begin; b < b_end; ++b) {
+            const SeqSchedule s = load_seq(b);
+            emit_items(b, s, g, p.items);
+        }
     }
     if (tid == 0) {
         ScheduleSummary sum{};
