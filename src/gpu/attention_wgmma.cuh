@@ -58,11 +58,15 @@ struct WgmmaShape {
     // kernel: v9).
     static constexpr bool kProducer = KV == MLA_DTYPE_MXFP4;
     static constexpr int kConsumerThreads = 128;
-    // Two producer warpgroups (eight decoding warps): with one, each
-    // scheduler had one decoding warp, whose dependent decode chains left
-    // the issue slots mostly idle (MXFP4 B256x8k 1,053 -> 701 us on an
-    // H100: docs/performance.md, v11).
-    static constexpr int kProducerThreads = kProducer ? 256 : 0;
+    // Three producer warpgroups decode (twelve warps: each thread decodes
+    // three 32-element units a tile, where eight warps took 4.5 in five
+    // passes); the first two also issue the raw tiles' copies (64 rows,
+    // 8 a warp). With one producer warpgroup each scheduler had one
+    // decoding warp, whose dependent decode chains left the issue slots
+    // mostly idle (MXFP4 B256x8k 1,053 -> 701 us with two, on an H100:
+    // docs/performance.md, v11; three: v16).
+    static constexpr int kProducerThreads = kProducer ? 384 : 0;
+    static constexpr int kIssueThreads = kProducer ? 256 : 0;
     static constexpr int kThreads = kConsumerThreads + kProducerThreads;
     static constexpr int kWarps = kConsumerThreads / 32;  // the consumer's
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
@@ -75,7 +79,7 @@ struct WgmmaShape {
     // The producer's raw stages (MXFP4): three, so that two tiles load while
     // one is decoded.
     static constexpr int kRawStages = 3;
-    using Raw = KvTile<KV, N, kRawStages, kProducer ? kProducerThreads : kConsumerThreads, false>;
+    using Raw = KvTile<KV, N, kRawStages, kProducer ? kIssueThreads : kConsumerThreads, false>;
     static constexpr int kRawBytes = kProducer ? Raw::kLandingBytes + Raw::kScaleBytes : 0;
     static_assert(!uses_wgmma(ROWS, KV) || Kv::kScaleBytes == 0, "block scales only in the producer's stages");
     static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
@@ -227,24 +231,29 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
 // empty or not), decode tile j into decoded buffer j % 2 once the consumer
 // has released that buffer's tile j - 2, and hands it over. The scale bytes
 // of the tile issued in an iteration are stored after that iteration's
-// decode, which hides their loads' latency (KvTile::ScaleLoads).
+// decode, which hides their loads' latency (KvTile::ScaleLoads). The
+// first kIssueThreads producer threads issue; all of them decode (the
+// others' commits and waits are empty).
 template <class S>
 __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &w, int num_tiles, uint8_t *raw_landing,
                                       uint8_t *raw_scales, uint8_t *decoded) {
     using Raw = typename S::Raw;
     constexpr int N = S::N, kRaw = S::kRawStages;
+    // (Raw's threads are numbered threadIdx.x % kIssueThreads: distinct
+    // over the issuing range, which follows the consumer's threads.)
+    const bool issues = int(threadIdx.x) < S::kConsumerThreads + S::kIssueThreads;
     Raw raw;
     raw.landing = raw_landing, raw.scales = raw_scales, raw.converted = nullptr;
-    raw.look_up(p, w, w.kv_begin);
+    if (issues) raw.look_up(p, w, w.kv_begin);
     typename Raw::ScaleLoads first[kRaw - 1];
 #pragma unroll
     for (int t = 0; t < kRaw - 1; ++t) {
-        if (t < num_tiles) raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
+        if (issues && t < num_tiles) raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
         async_commit();
     }
 #pragma unroll
     for (int t = 0; t < kRaw - 1; ++t)
-        if (t < num_tiles) raw.finish_issue(t, first[t]);
+        if (issues && t < num_tiles) raw.finish_issue(t, first[t]);
     for (int j = 0; j < num_tiles; ++j) {
         async_wait<kRaw - 2>();  // tile j has landed
         // ... for every producer thread (its scales too), and every one is
@@ -252,12 +261,12 @@ __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &
         barrier_sync(S::kProducerBarrier, S::kProducerThreads);
         const int ahead = j + kRaw - 1;
         typename Raw::ScaleLoads ahead_scales;
-        if (ahead < num_tiles) raw.issue(p, w, w.kv_begin + ahead * N, ahead % kRaw, &ahead_scales);
+        if (issues && ahead < num_tiles) raw.issue(p, w, w.kv_begin + ahead * N, ahead % kRaw, &ahead_scales);
         async_commit();
         const int b = j % S::kStages;
         if (j >= S::kStages) barrier_sync(S::empty_barrier(b), S::kThreads);  // tile j - 2's products are done
-        raw.template decode_mxfp4<true>(j % kRaw, decoded + b * (S::Kv::kLandingBytes / S::kStages));
-        if (ahead < num_tiles) raw.finish_issue(ahead % kRaw, ahead_scales);
+        raw.template decode_mxfp4<true, S::kProducerThreads>(j % kRaw, decoded + b * (S::Kv::kLandingBytes / S::kStages));
+        if (issues && ahead < num_tiles) raw.finish_issue(ahead % kRaw, ahead_scales);
         fence_proxy_async();  // the decoded tile is visible to the consumer's wgmmas ...
         barrier_arrive(S::full_barrier(b), S::kThreads);  // ... once it has passed this barrier
     }
