@@ -1,6 +1,6 @@
 // The split-KV attention kernel on Hopper's warpgroup MMA (wgmma), for the
 // items of 16 or 32 query rows (16 or 32 heads at q_len 1: the decode shapes
-// of serving) with bf16 or OCP E4M3 KV, and of 16 rows with MXFP4 KV.
+// of serving) with bf16, OCP E4M3 or MXFP4 KV.
 // One consumer warpgroup computes one work item, as in attention.cuh, but
 // the products are transposed (KvTile::wgmma_qk / wgmma_pv): S^T = K Q^T puts
 // the tile's 64 tokens on the M = 64 of the wgmma and the rows on its N,
@@ -8,7 +8,7 @@
 // and V^T are A operands read straight from the stage (128-byte-swizzled:
 // no decode; one CTA per SM, a 74 KB tile in flight while one is computed).
 // E4M3 K and V are decoded from the raw stage into A fragments in registers
-// (two CTAs per SM). MXFP4 tiles are decoded by two producer
+// (two CTAs per SM). MXFP4 tiles are decoded by producer
 // warpgroups into swizzled bf16 tiles that the consumer reads as it reads
 // bf16 stages (one CTA per SM). (E4M3 and MXFP4 decoded by the consumer's
 // own warps into a swizzled tile, and MXFP4 decoded into fragments, were
@@ -39,8 +39,7 @@ namespace gpu {
 // Whether the (rows, kv) specialisation runs this kernel instead of attention.cuh's.
 constexpr bool uses_wgmma(int rows, int kv) {
 #if defined(MLA_WGMMA_KERNELS) && !defined(MLA_PORTABLE_KERNELS)
-    return ((rows == 16 || rows == 32) && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16)) ||
-           (rows == 16 && kv == MLA_DTYPE_MXFP4);
+    return (rows == 16 || rows == 32) && (kv == MLA_DTYPE_FP8_E4M3 || kv == MLA_DTYPE_BF16 || kv == MLA_DTYPE_MXFP4);
 #else
     (void)rows, (void)kv;
     return false;
@@ -64,10 +63,21 @@ struct WgmmaShape {
     // 8 a warp). With one producer warpgroup each scheduler had one
     // decoding warp, whose dependent decode chains left the issue slots
     // mostly idle (MXFP4 B256x8k 1,053 -> 701 us with two, on an H100:
-    // docs/performance.md, v11; three: v16).
+    // docs/performance.md, v11; three: v16 and, for 32 rows, v17).
     static constexpr int kProducerThreads = kProducer ? 384 : 0;
     static constexpr int kIssueThreads = kProducer ? 256 : 0;
     static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+    // Registers a thread after the warpgroups' hand-over (setmaxnreg; 0:
+    // as launched). 32 rows' O^T alone is 128 accumulators a consumer
+    // thread (the bf16 kernel uses 234 registers), so the producers give
+    // some of theirs to it (the decode fits 88 without spills). The launch
+    // allocates kLaunchRegisters a thread.
+    static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+    static constexpr int kConsumerRegisters = kProducer && ROWS == 32 ? 240 : 0;
+    static constexpr int kProducerRegisters = kProducer && ROWS == 32 ? 88 : 0;
+    static_assert(kConsumerThreads * kConsumerRegisters + kProducerThreads * kProducerRegisters <=
+                      kThreads * kLaunchRegisters,
+                  "the hand-over fits the launch's registers");
     static constexpr int kWarps = kConsumerThreads / 32;  // the consumer's
     static constexpr int N = 64;          // tokens per KV tile: the M of a wgmma
     static constexpr int kStages = 2;     // tile j + 1 loads (or decodes) while tile j is computed
@@ -76,9 +86,11 @@ struct WgmmaShape {
     // rows, decoded into A fragments.
     static constexpr int kOperandKv = kProducer ? MLA_DTYPE_BF16 : KV;
     using Kv = KvTile<kOperandKv, N, kStages, kConsumerThreads, kOperandKv == MLA_DTYPE_BF16>;
-    // The producer's raw stages (MXFP4): three, so that two tiles load while
-    // one is decoded.
-    static constexpr int kRawStages = 3;
+    // The producer's raw stages (MXFP4): three for 16 rows, so that two
+    // tiles load while one is decoded; two for 32 rows, whose Q takes the
+    // third's shared memory (and whose consumer, slower per tile, leaves
+    // each tile's copies longer to land).
+    static constexpr int kRawStages = ROWS == 16 ? 3 : 2;
     using Raw = KvTile<KV, N, kRawStages, kProducer ? kIssueThreads : kConsumerThreads, false>;
     static constexpr int kRawBytes = kProducer ? Raw::kLandingBytes + Raw::kScaleBytes : 0;
     static_assert(!uses_wgmma(ROWS, KV) || Kv::kScaleBytes == 0, "block scales only in the producer's stages");
@@ -90,11 +102,11 @@ struct WgmmaShape {
     static constexpr int kChunkBytes = ROWS / 8 * Wgmma::kCoreBytes;
     static constexpr int kStepBytes = 2 * kChunkBytes;       // one 16-element k step
     static constexpr int kQBytes = MLA_HEAD_DIM_QK / 8 * kChunkBytes;
-    static constexpr int kPBytes = N / 8 * kChunkBytes;      // one P^T buffer (two: tile parity)
+    static constexpr int kPBytes = N / 8 * kChunkBytes;      // P^T
     static constexpr int kRedBytes = kWarps * ROWS * 4;      // per-warp row maxima / sums
     static constexpr int kStatBytes = ROWS * 4;              // the rows' LSE for the epilogue
     static constexpr int kOLd = MLA_HEAD_DIM_V + 4;          // float stride of the epilogue's O staging
-    static constexpr int kSmemBytes = Kv::kLandingBytes + kRawBytes + kQBytes + 2 * kPBytes + kRedBytes + kStatBytes +
+    static constexpr int kSmemBytes = Kv::kLandingBytes + kRawBytes + kQBytes + kPBytes + kRedBytes + kStatBytes +
                                       Kv::kLandingAlign - 16;
     // Two CTAs per SM where they fit (one's copies and barriers overlap the
     // other's math): E4M3. bf16's two 74 KB stages fit one; its warps only
@@ -227,7 +239,7 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
 }
 
 // The producer warpgroups of an item (MXFP4): stage the raw tiles (tiles
-// j + 1 and j + 2 load while tile j is decoded; one commit group per tile,
+// j + 1 .. j + kRawStages - 1 load while tile j is decoded; one commit group per tile,
 // empty or not), decode tile j into decoded buffer j % 2 once the consumer
 // has released that buffer's tile j - 2, and hands it over. The scale bytes
 // of the tile issued in an iteration are stored after that iteration's
@@ -297,7 +309,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     uint8_t *raw_scales = cursor; cursor += S::kProducer ? S::Raw::kScaleBytes : 0;
     uint8_t *qs = cursor; cursor += S::kQBytes;
     kv.scales = nullptr, kv.converted = nullptr;  // (MXFP4, shared-memory decode)
-    uint8_t *ps = cursor; cursor += 2 * S::kPBytes;
+    uint8_t *ps = cursor; cursor += S::kPBytes;
     float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
     float *row_lse = reinterpret_cast<float *>(cursor); cursor += S::kStatBytes;
 
@@ -308,9 +320,11 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     const int num_tiles = (w.kv_end - w.kv_begin + N - 1) / N;
     if constexpr (S::kProducer) {
         if (tid >= S::kConsumerThreads) {
+            if constexpr (S::kProducerRegisters > 0) warpgroup_release_registers<S::kProducerRegisters>();
             produce_decoded_tiles<S>(p, w, num_tiles, raw_landing, raw_scales, kv.landing);
             return;
         }
+        if constexpr (S::kConsumerRegisters > 0) warpgroup_claim_registers<S::kConsumerRegisters>();
     }
 
     // Tiles 0 and 1 in flight from the start (tile j + 1 is issued at the
@@ -384,10 +398,10 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
             s_acc[e] = v;
             over |= v > m_ref[r] + kRescaleLog2;
         }
-        // P^T (B operand of O^T: tokens along K) of this tile into buffer j & 1;
-        // the buffer's last reader, tile j - 2's P V, finished before tile
-        // j - 1's barriers.
-        uint8_t *pb = ps + (j & 1) * S::kPBytes;
+        // P^T (B operand of O^T: tokens along K) of this tile. Its last
+        // reader, tile j - 1's P V, completed in every warp (wgmma_pv waits
+        // for its products) before this tile's first barrier.
+        uint8_t *pb = ps;
         float p_val[kSRegs];
         auto write_p = [&]() {
 #pragma unroll

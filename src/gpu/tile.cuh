@@ -332,6 +332,24 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// Hopper's register hand-over between warpgroups (setmaxnreg): every
+// thread of a warpgroup calls one, a producer to release registers down to
+// N a thread, a consumer to claim up to N (it waits until released ones
+// cover it). The kernel's launch allocation must cover the sum; code after
+// a call is register-allocated for N. Elsewhere nothing changes hands.
+template <int N>
+__device__ __forceinline__ void warpgroup_release_registers() {
+#if defined(MLA_TILE_WGMMA) && !defined(MLA_GPU_EMULATED)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void warpgroup_claim_registers() {
+#if defined(MLA_TILE_WGMMA) && !defined(MLA_GPU_EMULATED)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 // Named barriers: `threads` threads (whole warps) of the CTA meet at barrier
 // `id` (1..15; 0 is __syncthreads'), so that one warpgroup can wait for
 // another (bar.sync) or signal it without waiting (bar.arrive: a producer
