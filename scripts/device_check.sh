@@ -12,6 +12,11 @@
 #   portable    the GPU suite (24 random configs) on the portable kernels
 #               that AMD runs (a -Dportable_kernels=true build: $MLA_PORTABLE_BUILD,
 #               default build-nvp; only its libmla.so* and tests/test_gpu are needed)
+#   profile     Nsight Compute on one attention launch of mla-bench (clocks
+#               left as they are), the shape from $MLA_PROFILE_ARGS (default
+#               MXFP4 B256x8k, 16 heads): OUT/profile.tgz holds the details
+#               page and per-SASS-line stall samples and executed
+#               instructions as CSV (ncu --page source --print-source sass)
 # BUILD_DIR comes from scripts/device_prep.sh. Each stage writes
 # OUT_DIR/<stage>*.log; the last line is "N passed, N failed" (stages).
 # On the H200 (2026-12-03) the stages took: tests 206-243 s (300 configs;
@@ -64,6 +69,24 @@ stage_portable() {
 stage_bench() {
     run_logged "$out/bench.log" "$build/tools/mla-bench" --json "$out/bench.json" --compare-torch \
         --plot "$out/roofline.png" --scripts-dir "$root/tools"
+}
+
+stage_profile() {
+    local ncu args dir
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    args=${MLA_PROFILE_ARGS:---kv-dtype mxfp4 --batch 256 --kv-len 8192 --heads 16}
+    dir=$(mktemp -d)
+    # -s 2: past the warm-up's first launches; --clock-control none: the
+    # card's clocks are never changed.
+    # shellcheck disable=SC2086
+    LIMIT_S=240 run_logged "$out/profile.log" "$ncu" --clock-control none -k regex:attention -s 2 -c 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section SourceCounters -o "$dir/profile" \
+        "$build/tools/mla-bench" $args --iters 3 --warmup 1 --no-graph || return 1
+    "$ncu" -i "$dir/profile.ncu-rep" --page details --csv > "$dir/details.csv" &&
+        "$ncu" -i "$dir/profile.ncu-rep" --page source --csv --print-source sass > "$dir/sass.csv" &&
+        tar -C "$dir" -czf "$out/profile.tgz" details.csv sass.csv
 }
 
 stage_python() {
