@@ -239,9 +239,10 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
 }
 
 // The producer warpgroups of an item (MXFP4): stage the raw tiles (tiles
-// j + 1 .. j + kRawStages - 1 load while tile j is decoded; one commit group per tile,
-// empty or not), decode tile j into decoded buffer j % 2 once the consumer
-// has released that buffer's tile j - 2, and hands it over. The scale bytes
+// j + 1 .. j + kRawStages - 1 load while tile j is decoded; one commit
+// group per tile, empty or not), decode tile j into decoded buffer j % 2
+// once the consumer has released that buffer's tile j - 2, and hand it
+// over. The scale bytes
 // of the tile issued in an iteration are stored after that iteration's
 // decode, which hides their loads' latency (KvTile::ScaleLoads). The
 // first kIssueThreads producer threads issue; all of them decode (the

@@ -239,17 +239,19 @@ struct KvTile {
         }
     }
 
-    // MXFP4 in units of one scale block, (row, 16-byte chunk) = 32 elements,
-    // decoded as four 8-element words with one scale load, into `dst`: the bf16 tile [N][kKvLd], or (SWIZZLED_OUT)
-    // a 128-byte-swizzled one as kSwizzled stages bf16 (the warpgroup
-    // products read it). The DECODE_THREADS threads share the tile's units
-    // (the stage is complete and visible to all of them after the caller's
-    // barrier); they are a contiguous range of the CTA's threads, which may
-    // be more than the THREADS that issue the copies. Eight consecutive threads take rows 4i..4i+3 of chunks 2k,
-    // 2k + 1: packed rows are 18 16-byte groups apart, so their loads hit 8
-    // different groups modulo 8, and so do their stores in either layout (no
-    // bank conflicts). A thread keeps its row and steps through chunks, so
-    // its addresses are fixed but for one offset a pass.
+    // MXFP4 in units of one scale block, (row, 16-byte chunk) = 32
+    // elements, decoded as four 8-element words with one scale load, into
+    // `dst`: the bf16 tile [N][kKvLd], or (SWIZZLED_OUT) a 128-byte-swizzled
+    // one as kSwizzled stages bf16 (the warpgroup products read it). The
+    // DECODE_THREADS threads share the tile's units (the stage is complete
+    // and visible to all of them after the caller's barrier); they are a
+    // contiguous range of the CTA's threads, which may be more than the
+    // THREADS that issue the copies. Eight consecutive threads take rows
+    // 4i..4i+3 of chunks 2k, 2k + 1: packed rows are 18 16-byte groups
+    // apart, so their loads hit 8 different groups modulo 8, and so do their
+    // stores in either layout (no bank conflicts). A thread keeps its row
+    // and steps through chunks, so its addresses are fixed but for one
+    // offset a pass.
     template <bool SWIZZLED_OUT, int DECODE_THREADS = THREADS>
     __device__ void decode_mxfp4(int stage, uint8_t *dst) {
         constexpr int kChunks = kRowBytes / 16;
