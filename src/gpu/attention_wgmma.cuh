@@ -242,11 +242,11 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
 // j + 1 .. j + kRawStages - 1 load while tile j is decoded; one commit
 // group per tile, empty or not), decode tile j into decoded buffer j % 2
 // once the consumer has released that buffer's tile j - 2, and hand it
-// over. The scale bytes
-// of the tile issued in an iteration are stored after that iteration's
-// decode, which hides their loads' latency (KvTile::ScaleLoads). The
-// first kIssueThreads producer threads issue; all of them decode (the
-// others' commits and waits are empty).
+// over. The scale bytes of the tile issued in an iteration are stored
+// after that iteration's decode, which hides their loads' latency
+// (KvTile::ScaleLoads). The first kIssueThreads producer threads issue;
+// all of them decode (the others issue no tile: their commits and waits
+// are empty).
 template <class S>
 __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &w, int num_tiles, uint8_t *raw_landing,
                                       uint8_t *raw_scales, uint8_t *decoded) {
@@ -254,19 +254,19 @@ __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &
     constexpr int N = S::N, kRaw = S::kRawStages;
     // (Raw's threads are numbered threadIdx.x % kIssueThreads: distinct
     // over the issuing range, which follows the consumer's threads.)
-    const bool issues = int(threadIdx.x) < S::kConsumerThreads + S::kIssueThreads;
+    const int issued_tiles = int(threadIdx.x) < S::kConsumerThreads + S::kIssueThreads ? num_tiles : 0;
     Raw raw;
     raw.landing = raw_landing, raw.scales = raw_scales, raw.converted = nullptr;
-    if (issues) raw.look_up(p, w, w.kv_begin);
+    if (issued_tiles > 0) raw.look_up(p, w, w.kv_begin);
     typename Raw::ScaleLoads first[kRaw - 1];
 #pragma unroll
     for (int t = 0; t < kRaw - 1; ++t) {
-        if (issues && t < num_tiles) raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
+        if (t < issued_tiles) raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
         async_commit();
     }
 #pragma unroll
     for (int t = 0; t < kRaw - 1; ++t)
-        if (issues && t < num_tiles) raw.finish_issue(t, first[t]);
+        if (t < issued_tiles) raw.finish_issue(t, first[t]);
     for (int j = 0; j < num_tiles; ++j) {
         async_wait<kRaw - 2>();  // tile j has landed
         // ... for every producer thread (its scales too), and every one is
@@ -274,12 +274,12 @@ __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &
         barrier_sync(S::kProducerBarrier, S::kProducerThreads);
         const int ahead = j + kRaw - 1;
         typename Raw::ScaleLoads ahead_scales;
-        if (issues && ahead < num_tiles) raw.issue(p, w, w.kv_begin + ahead * N, ahead % kRaw, &ahead_scales);
+        if (ahead < issued_tiles) raw.issue(p, w, w.kv_begin + ahead * N, ahead % kRaw, &ahead_scales);
         async_commit();
         const int b = j % S::kStages;
         if (j >= S::kStages) barrier_sync(S::empty_barrier(b), S::kThreads);  // tile j - 2's products are done
         raw.template decode_mxfp4<true, S::kProducerThreads>(j % kRaw, decoded + b * (S::Kv::kLandingBytes / S::kStages));
-        if (issues && ahead < num_tiles) raw.finish_issue(ahead % kRaw, ahead_scales);
+        if (ahead < issued_tiles) raw.finish_issue(ahead % kRaw, ahead_scales);
         fence_proxy_async();  // the decoded tile is visible to the consumer's wgmmas ...
         barrier_arrive(S::full_barrier(b), S::kThreads);  // ... once it has passed this barrier
     }
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     uint8_t *raw_scales = cursor; cursor += S::kProducer ? S::Raw::kScaleBytes : 0;
     uint8_t *qs = cursor; cursor += S::kQBytes;
     kv.scales = nullptr, kv.converted = nullptr;  // (MXFP4, shared-memory decode)
-    uint8_t *ps = cursor; cursor += S::kPBytes;
+    uint8_t *ps = cursor; cursor += S::kPBytes;  // P^T of the current tile
     float *red = reinterpret_cast<float *>(cursor); cursor += S::kRedBytes;  // per-warp row values
     float *row_lse = reinterpret_cast<float *>(cursor); cursor += S::kStatBytes;
 
@@ -399,10 +399,9 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
             s_acc[e] = v;
             over |= v > m_ref[r] + kRescaleLog2;
         }
-        // P^T (B operand of O^T: tokens along K) of this tile. Its last
-        // reader, tile j - 1's P V, completed in every warp (wgmma_pv waits
-        // for its products) before this tile's first barrier.
-        uint8_t *pb = ps;
+        // P^T (B operand of O^T: tokens along K) of this tile into ps. Its
+        // last reader, tile j - 1's P V, completed in every warp (wgmma_pv
+        // waits for its products) before this tile's first barrier.
         float p_val[kSRegs];
         auto write_p = [&]() {
 #pragma unroll
@@ -410,7 +409,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
                 const int r = reg_row(e), row = row_of(r), tl = 16 * warp + g + 8 * ((e >> 1) & 1);
                 const float ref = (m_ref[r] == kNegInf ? 0.0f : m_ref[r]) - kPOffsetLog2;
                 p_val[e] = fast_exp2(s_acc[e] - ref);
-                *reinterpret_cast<uint16_t *>(pb + (tl / 8) * S::kChunkBytes + (row / 8) * Wgmma::kCoreBytes +
+                *reinterpret_cast<uint16_t *>(ps + (tl / 8) * S::kChunkBytes + (row / 8) * Wgmma::kCoreBytes +
                                               (row % 8) * 16 + (tl % 8) * 2) =
                     uint16_t(Kv::kWgmmaF16 ? pack_f16x2_rn(p_val[e], 0.0f) : pack_bf16x2_rn(p_val[e], 0.0f));
             }
@@ -452,7 +451,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) l_part[reg_row(e)] += p_val[e];
 
-        kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(pb, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
+        kv.template wgmma_pv<ROWS>(o_acc, Wgmma::desc(ps, S::kChunkBytes, Wgmma::kCoreBytes), S::kStepBytes, stage);
         // The producer may decode tile j + 2 into this buffer (if it waits for it).
         if (S::kProducer && j + S::kStages < num_tiles) barrier_arrive(S::empty_barrier(stage), S::kThreads);
     }
