@@ -250,14 +250,6 @@ MLA_HD Bf16x8 e2m1x8_to_bf16x8_by_tiny(uint32_t codes, uint8_t e) {
     scale_tiny(r, e);
     return r;
 }
-// The tiny path for scales up to 2^1 (e <= 128, every block whose largest
-// magnitude is at most 12): 2^(e - 1) is then a bf16 normal (or 2^-1), so
-// one multiply applies it (e8m0_tiny_second(e) is 1).
-MLA_HD Bf16x8 e2m1x8_to_bf16x8_small_scale(uint32_t codes, uint8_t e) {
-    Bf16x8 r = e2m1x8_to_bf16x8_tiny(codes);
-    mul_bf16x8_pow2(r, e8m0_tiny_first(e));
-    return r;
-}
 MLA_HD Bf16x8 e2m1x8_to_bf16x8(uint32_t codes, uint8_t e) {
 #if defined(MLA_E2M1_TINY)
     return e2m1x8_to_bf16x8_by_tiny(codes, e);

@@ -92,10 +92,7 @@ struct WgmmaShape {
     // each tile's copies longer to land).
     static constexpr int kRawStages = ROWS == 16 ? 3 : 2;
     using Raw = KvTile<KV, N, kRawStages, kProducer ? kIssueThreads : kConsumerThreads, false>;
-    // Each raw stage's mbarriers: full (its copies and scales are in) and
-    // empty (every producer thread has decoded it).
-    static constexpr int kRawBarrierBytes = kProducer ? 2 * kRawStages * 8 : 0;
-    static constexpr int kRawBytes = kProducer ? Raw::kLandingBytes + Raw::kScaleBytes + kRawBarrierBytes : 0;
+    static constexpr int kRawBytes = kProducer ? Raw::kLandingBytes + Raw::kScaleBytes : 0;
     static_assert(!uses_wgmma(ROWS, KV) || Kv::kScaleBytes == 0, "block scales only in the producer's stages");
     static constexpr int kSRegs = ROWS / 2;                  // S^T accumulators per thread
     static constexpr int kRowsPerThread = ROWS / 4;          // query rows 8i + 2t + c of a lane
@@ -118,7 +115,6 @@ struct WgmmaShape {
     static_assert(!uses_wgmma(ROWS, KV) || ROWS == 16 || ROWS == 32, "wgmma shapes: m64n16k16, m64n32k16");
     static_assert(!uses_wgmma(ROWS, KV) || ROWS * kOLd * 4 <= Kv::kLandingBytes, "the epilogue stages O in the KV stages");
     static_assert(!uses_wgmma(ROWS, KV) || kSmemBytes + 1024 <= 228 * 1024, "fits an SM");
-    static_assert((Kv::kLandingBytes + Raw::kLandingBytes + Raw::kScaleBytes) % 8 == 0, "mbarriers 8-byte aligned");
 
     // Named barriers (tile.cuh) of the consumer warpgroup alone, of the
     // producer's alone, and of the hand-over of decoded tile buffer b: full
@@ -243,31 +239,19 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
 }
 
 // The producer warpgroups of an item (MXFP4): stage the raw tiles (tiles
-// j + 1 .. j + kRawStages - 1 load while tile j is decoded), decode tile j
-// into decoded buffer j % 2 once the consumer has released that buffer's
-// tile j - 2, and hand it over. Raw stage s has two mbarriers: full
-// completes when the copies and scale bytes of its tile are in (each
-// issuing thread arrives once its copies land, and once more after storing
-// its scales), empty when every producer thread has decoded it. So a warp
-// waits only for what it reads or overwrites, never for the slowest
-// producer warp's decode as a producer-wide barrier made it (v18). The
-// scale bytes of the tile issued in an iteration are stored after that
-// iteration's decode, which hides their loads' latency
+// j + 1 .. j + kRawStages - 1 load while tile j is decoded; one commit
+// group per tile, empty or not), decode tile j into decoded buffer j % 2
+// once the consumer has released that buffer's tile j - 2, and hand it
+// over. The scale bytes of the tile issued in an iteration are stored
+// after that iteration's decode, which hides their loads' latency
 // (KvTile::ScaleLoads). The first kIssueThreads producer threads issue;
-// all of them decode.
+// all of them decode (the others issue no tile: their commits and waits
+// are empty).
 template <class S>
 __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &w, int num_tiles, uint8_t *raw_landing,
-                                      uint8_t *raw_scales, uint64_t *raw_barriers, uint8_t *decoded) {
+                                      uint8_t *raw_scales, uint8_t *decoded) {
     using Raw = typename S::Raw;
     constexpr int N = S::N, kRaw = S::kRawStages;
-    uint64_t *full = raw_barriers, *empty = raw_barriers + kRaw;
-    if (int(threadIdx.x) == S::kConsumerThreads)
-#pragma unroll
-        for (int s = 0; s < kRaw; ++s) {
-            mbarrier_init(&full[s], 2 * S::kIssueThreads);
-            mbarrier_init(&empty[s], S::kProducerThreads);
-        }
-    barrier_sync(S::kProducerBarrier, S::kProducerThreads);  // the mbarriers are initialised
     // (Raw's threads are numbered threadIdx.x % kIssueThreads: distinct
     // over the issuing range, which follows the consumer's threads.)
     const int issued_tiles = int(threadIdx.x) < S::kConsumerThreads + S::kIssueThreads ? num_tiles : 0;
@@ -276,38 +260,30 @@ __device__ void produce_decoded_tiles(const AttentionParams &p, const WorkItem &
     if (issued_tiles > 0) raw.look_up(p, w, w.kv_begin);
     typename Raw::ScaleLoads first[kRaw - 1];
 #pragma unroll
-    for (int t = 0; t < kRaw - 1; ++t)
-        if (t < issued_tiles) {
-            raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
-            mbarrier_arrive_on_copies(&full[t]);
-        }
+    for (int t = 0; t < kRaw - 1; ++t) {
+        if (t < issued_tiles) raw.issue(p, w, w.kv_begin + t * N, t, &first[t]);
+        async_commit();
+    }
 #pragma unroll
     for (int t = 0; t < kRaw - 1; ++t)
-        if (t < issued_tiles) {
-            raw.finish_issue(t, first[t]);
-            mbarrier_arrive(&full[t]);
-        }
+        if (t < issued_tiles) raw.finish_issue(t, first[t]);
     for (int j = 0; j < num_tiles; ++j) {
-        const int stage = j % kRaw, ahead = j + kRaw - 1, ahead_stage = ahead % kRaw;
-        mbarrier_wait(&full[stage], uint32_t(j / kRaw) & 1u);  // tile j's copies and scales are in
+        async_wait<kRaw - 2>();  // tile j has landed
+        // ... for every producer thread (its scales too), and every one is
+        // done decoding tile j - 1, whose stage tile j + kRaw - 1 reuses.
+        barrier_sync(S::kProducerBarrier, S::kProducerThreads);
+        const int ahead = j + kRaw - 1;
         typename Raw::ScaleLoads ahead_scales;
-        if (ahead < issued_tiles) {
-            // Tile ahead - kRaw (= j - 1) left its stage once every producer decoded it.
-            if (ahead >= kRaw) mbarrier_wait(&empty[ahead_stage], uint32_t(ahead / kRaw - 1) & 1u);
-            raw.issue(p, w, w.kv_begin + ahead * N, ahead_stage, &ahead_scales);
-            mbarrier_arrive_on_copies(&full[ahead_stage]);
-        }
+        if (ahead < issued_tiles) raw.issue(p, w, w.kv_begin + ahead * N, ahead % kRaw, &ahead_scales);
+        async_commit();
         const int b = j % S::kStages;
         if (j >= S::kStages) barrier_sync(S::empty_barrier(b), S::kThreads);  // tile j - 2's products are done
-        raw.template decode_mxfp4<true, S::kProducerThreads>(stage, decoded + b * (S::Kv::kLandingBytes / S::kStages));
-        mbarrier_arrive(&empty[stage]);
-        if (ahead < issued_tiles) {
-            raw.finish_issue(ahead_stage, ahead_scales);
-            mbarrier_arrive(&full[ahead_stage]);
-        }
+        raw.template decode_mxfp4<true, S::kProducerThreads>(j % kRaw, decoded + b * (S::Kv::kLandingBytes / S::kStages));
+        if (ahead < issued_tiles) raw.finish_issue(ahead % kRaw, ahead_scales);
         fence_proxy_async();  // the decoded tile is visible to the consumer's wgmmas ...
         barrier_arrive(S::full_barrier(b), S::kThreads);  // ... once it has passed this barrier
     }
+    async_wait<0>();
 }
 
 template <int ROWS, int KV>
@@ -332,7 +308,6 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     kv.landing = cursor; cursor += Kv::kLandingBytes;  // (with a producer: the decoded tiles)
     uint8_t *raw_landing = cursor; cursor += S::kProducer ? S::Raw::kLandingBytes : 0;
     uint8_t *raw_scales = cursor; cursor += S::kProducer ? S::Raw::kScaleBytes : 0;
-    uint64_t *raw_barriers = reinterpret_cast<uint64_t *>(cursor); cursor += S::kRawBarrierBytes;
     uint8_t *qs = cursor; cursor += S::kQBytes;
     kv.scales = nullptr, kv.converted = nullptr;  // (MXFP4, shared-memory decode)
     uint8_t *ps = cursor; cursor += S::kPBytes;  // P^T of the current tile
@@ -347,7 +322,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     if constexpr (S::kProducer) {
         if (tid >= S::kConsumerThreads) {
             if constexpr (S::kProducerRegisters > 0) warpgroup_release_registers<S::kProducerRegisters>();
-            produce_decoded_tiles<S>(p, w, num_tiles, raw_landing, raw_scales, raw_barriers, kv.landing);
+            produce_decoded_tiles<S>(p, w, num_tiles, raw_landing, raw_scales, kv.landing);
             return;
         }
         if constexpr (S::kConsumerRegisters > 0) warpgroup_claim_registers<S::kConsumerRegisters>();

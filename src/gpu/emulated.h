@@ -18,8 +18,7 @@
 //                             wait_group requires them, the latest the PTX
 //                             rules allow, so a read before its wait sees
 //                             stale data), named barriers (bar.sync /
-//                             bar.arrive id, count), mbarriers (arrive,
-//                             wait for a phase, arrive once copies land).
+//                             bar.arrive id, count).
 // Barrier divergence (a warp whose lanes wait at different barriers, or a
 // CTA or named barrier that some threads never reach) aborts with a message.
 // Kernel launches are serialised process-wide. Context switches are a few
@@ -212,7 +211,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 namespace mla {
 namespace emu {
 
-enum FiberState { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kAtNamedBarrier, kAtMbarrier, kDone };
+enum FiberState { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kAtNamedBarrier, kDone };
 constexpr int kNamedBarriers = 16;
 constexpr int kExchangeWords = 8;
 
@@ -225,7 +224,6 @@ struct Fiber {
     FiberState state;
     int named_barrier;  // the barrier id it waits at (kAtNamedBarrier)
     int named_result;   // the OR of the predicates of the barrier it waited at
-    const void *mbarrier;  // the mbarrier it waits at (kAtMbarrier)
     std::vector<char> stack;
 };
 
@@ -281,13 +279,6 @@ struct Cta {
         int arrived = 0, expected = 0, any = 0;
     };
     NamedBarrier named[kNamedBarriers];  // bar.sync / bar.arrive id, count
-    struct Mbarrier {
-        const void *address;
-        int expected, pending;  // arrivals a phase needs, and still missing
-        unsigned phase;         // completed phases
-        std::vector<Copy> copies;  // cp.async that complete with the current phase
-    };
-    std::vector<Mbarrier> mbarriers;  // (shared memory) mbarrier.init'ed in this CTA
     std::vector<unsigned char> dynamic_smem;
     const std::function<void()> *body = nullptr;
 };
@@ -396,7 +387,7 @@ inline void run_cta() {
         bool runnable = false;  // released by a named barrier after the sweep passed it
         for (int t = 0; t < n; ++t) runnable |= c.fibers[size_t(t)].state == kRunnable;
         if (runnable) continue;
-        if (!all_at_block) deadlock("a warp, named barrier or mbarrier that not every thread it waits for reaches");
+        if (!all_at_block) deadlock("a warp or named barrier that not every thread it waits for reaches");
         for (int t = 0; t < n; ++t)
             if (c.fibers[size_t(t)].state == kAtBlockBarrier) c.fibers[size_t(t)].state = kRunnable;
     }
@@ -432,7 +423,6 @@ struct Launch {
             for (Cta::AsyncCopies &q : c.copies) q = Cta::AsyncCopies{};
             for (Cta::AsyncWgmmas &q : c.wgmmas) q = Cta::AsyncWgmmas{};
             for (Cta::NamedBarrier &b : c.named) b = Cta::NamedBarrier{};
-            c.mbarriers.clear();
             run_cta();
         }
         c.body = nullptr;
@@ -491,16 +481,6 @@ inline const uint32_t *warp_publish(const uint32_t *words, int n) {
     return &c.exchange[size_t(base) * kExchangeWords];
 }
 inline void warp_release() { wait_at(kAtWarpBarrier); }
-
-// __all_sync / __all: whether the predicate is non-zero on every lane.
-inline int warp_all(int predicate) {
-    const uint32_t mine = predicate != 0;
-    const uint32_t *all = warp_publish(&mine, 1);
-    int r = 1;
-    for (int l = 0; l < MLA_WARP_SIZE; ++l) r &= int(all[size_t(l) * kExchangeWords]);
-    warp_release();
-    return r;
-}
 
 inline uint32_t load_u32(const void *p) {
     uint32_t v;
@@ -568,67 +548,14 @@ inline void cp_async_commit() {
     q.groups.push_back(std::move(q.open));
     q.open.clear();
 }
-inline void land(const Cta::Copy &k) {
-    if (k.src_bytes > 0) memcpy(k.dst, k.src, size_t(k.src_bytes));
-    memset(static_cast<char *>(k.dst) + k.src_bytes, 0, size_t(k.bytes - k.src_bytes));
-}
 inline void cp_async_wait(int pending) {
     Cta::AsyncCopies &q = cta().copies[size_t(cta().current)];
     while (int(q.groups.size()) > pending) {
-        for (const Cta::Copy &k : q.groups.front()) land(k);
+        for (const Cta::Copy &k : q.groups.front()) {
+            if (k.src_bytes > 0) memcpy(k.dst, k.src, size_t(k.src_bytes));
+            memset(static_cast<char *>(k.dst) + k.src_bytes, 0, size_t(k.bytes - k.src_bytes));
+        }
         q.groups.pop_front();
-    }
-}
-
-// mbarriers in shared memory (mbarrier.init / arrive / try_wait.parity,
-// cp.async.mbarrier.arrive.noinc): a phase completes when its expected
-// arrivals are in; the threads waiting for it resume then. The cp.async
-// that a thread's arrive_on_copies tracks move to the barrier and land when
-// the phase completes (the latest the PTX rules allow), so no later
-// wait_group of that thread lands them: a reader must wait for the phase.
-inline Cta::Mbarrier &mbarrier(const void *address) {
-    for (Cta::Mbarrier &b : cta().mbarriers)
-        if (b.address == address) return b;
-    deadlock("mbarrier used before mbarrier.init");
-}
-inline void mbarrier_init(const void *address, int count) {
-    Cta &c = cta();
-    if (count <= 0) deadlock("mbarrier.init with a count below 1");
-    for (const Cta::Mbarrier &b : c.mbarriers)
-        if (b.address == address) deadlock("mbarrier initialised twice");
-    c.mbarriers.push_back({address, count, count, 0u, {}});
-}
-inline void mbarrier_arrive(const void *address) {
-    Cta &c = cta();
-    Cta::Mbarrier &b = mbarrier(address);
-    if (--b.pending > 0) return;
-    for (const Cta::Copy &k : b.copies) land(k);
-    b.copies.clear();
-    b.pending = b.expected;
-    ++b.phase;
-    for (unsigned t = 0; t < c.threads; ++t) {
-        Fiber &f = c.fibers[t];
-        if (f.state == kAtMbarrier && f.mbarrier == address) f.state = kRunnable;
-    }
-}
-inline void mbarrier_arrive_on_copies(const void *address) {
-    Cta::AsyncCopies &q = cta().copies[size_t(cta().current)];
-    Cta::Mbarrier &b = mbarrier(address);
-    b.copies.insert(b.copies.end(), q.open.begin(), q.open.end());
-    q.open.clear();
-    for (std::vector<Cta::Copy> &g : q.groups) {
-        b.copies.insert(b.copies.end(), g.begin(), g.end());
-        g.clear();  // (the group stays, so wait_group counts are unchanged)
-    }
-    mbarrier_arrive(address);
-}
-// Until the phase of parity `parity` (the current one, or the one before
-// it when that has completed) is complete.
-inline void mbarrier_wait(const void *address, unsigned parity) {
-    Cta &c = cta();
-    while ((mbarrier(address).phase & 1u) == (parity & 1u)) {
-        c.fibers[size_t(c.current)].mbarrier = address;
-        wait_at(kAtMbarrier);
     }
 }
 
@@ -799,7 +726,6 @@ inline int atomicCAS(int *a, int compare, int value) {
 #define MLA_SHFL_XOR(v, m) ::mla::emu::shfl_xor((v), (m))
 #define MLA_SHFL_UP(v, d) ::mla::emu::shfl_up((v), (d))
 #define MLA_SHFL(v, src) ::mla::emu::shfl((v), (src))
-#define MLA_WARP_ALL(p) ::mla::emu::warp_all(p)
 #define MLA_LAUNCH(kernel, grid, threads, smem, stream) ((void)(stream), ::mla::emu::launch((kernel), (grid), (threads), (smem)))
 #define MLA_DYNAMIC_SMEM(type, name) type *name = static_cast<type *>(::mla::emu::dynamic_smem())
 

@@ -272,45 +272,18 @@ struct KvTile {
             }
             return reinterpret_cast<uint4 *>(dst + r * kKvLd * 2 + (c0 + 2 * kPairsPerPass * pass) * 64 + j * 16);
         };
-        auto pass_exists = [&](int pass) {
-            return (kChunks / 2) % kPairsPerPass == 0 || c0 + 2 * kPairsPerPass * pass < kChunks;
-        };
-        // Every pass's loads are issued before the first decode, so a
-        // thread waits out one shared-memory latency a tile, not one a pass
-        // (the v17 profile: a quarter of the producers' stalls were there).
-        uint4 codes[kPasses];
-        uint32_t e[kPasses];
 #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass)
-            if (pass_exists(pass)) {
-                codes[pass] = *reinterpret_cast<const uint4 *>(raw + 2 * kPairsPerPass * pass * 16);
-                e[pass] = row_scales[2 * kPairsPerPass * pass];
+        for (int pass = 0; pass < kPasses; ++pass) {
+            if ((kChunks / 2) % kPairsPerPass != 0 && c0 + 2 * kPairsPerPass * pass >= kChunks) break;
+            const uint4 codes = *reinterpret_cast<const uint4 *>(raw + 2 * kPairsPerPass * pass * 16);
+            const uint8_t e = row_scales[2 * kPairsPerPass * pass];
+            const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const Bf16x8 v = e2m1x8_to_bf16x8(words[j], e);
+                *out(pass, j) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
             }
-        auto decode = [&](auto small_scales) {
-#pragma unroll
-            for (int pass = 0; pass < kPasses; ++pass) {
-                if (!pass_exists(pass)) break;
-                const uint32_t words[4] = {codes[pass].x, codes[pass].y, codes[pass].z, codes[pass].w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const Bf16x8 v = decltype(small_scales)::value ? e2m1x8_to_bf16x8_small_scale(words[j], uint8_t(e[pass]))
-                                                                   : e2m1x8_to_bf16x8(words[j], uint8_t(e[pass]));
-                    *out(pass, j) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
-                }
-            }
-        };
-#if defined(MLA_E2M1_TINY)
-        // Scales up to 2^1 take one multiply instead of two; decided per
-        // warp, so that no warp runs both paths.
-        bool small = true;
-#pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) small &= !pass_exists(pass) || e[pass] <= 128;
-        if (MLA_WARP_ALL(small)) {
-            decode(std::true_type{});
-            return;
         }
-#endif
-        decode(std::false_type{});
     }
 
     // The first byte of stage `stage`.

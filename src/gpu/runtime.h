@@ -83,12 +83,10 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #define MLA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define MLA_SHFL_UP(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
 #define MLA_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
-#define MLA_WARP_ALL(p) __all_sync(0xffffffffu, (p))
 #elif defined(__HIPCC__) || defined(__HIP__)
 #define MLA_SHFL_XOR(v, m) __shfl_xor((v), (m))
 #define MLA_SHFL_UP(v, d) __shfl_up((v), (d))
 #define MLA_SHFL(v, src) __shfl((v), (src))
-#define MLA_WARP_ALL(p) __all((p))
 #ifndef __syncwarp
 #define __syncwarp() __builtin_amdgcn_wave_barrier()
 #endif

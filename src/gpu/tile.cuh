@@ -390,60 +390,6 @@ __device__ __forceinline__ int barrier_sync_or(int id, int threads, int predicat
 #endif
 }
 
-// mbarriers: a 64-bit shared-memory barrier whose phase completes when
-// `count` arrivals are in (mbarrier.init by one thread, then a barrier
-// before any use). A thread waits for one phase by its parity without
-// holding up the threads that do not wait, and can arrive once its own
-// cp.async copies have landed (cp.async.mbarrier.arrive.noinc: the init
-// count includes that arrival). An arrive releases the arriving thread's
-// shared-memory writes to the threads that see the phase complete. NVIDIA
-// only (the producer warpgroups of the warpgroup kernels).
-__device__ __forceinline__ void mbarrier_init(uint64_t *bar, int count) {
-#if defined(MLA_GPU_EMULATED_NVIDIA)
-    emu::mbarrier_init(bar, count);
-#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(uint32_t(__cvta_generic_to_shared(bar))), "r"(count)
-                 : "memory");
-#else
-    (void)bar, (void)count;
-#endif
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
-#if defined(MLA_GPU_EMULATED_NVIDIA)
-    emu::mbarrier_arrive(bar);
-#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(uint32_t(__cvta_generic_to_shared(bar)))
-                 : "memory");
-#else
-    (void)bar;
-#endif
-}
-__device__ __forceinline__ void mbarrier_arrive_on_copies(uint64_t *bar) {
-#if defined(MLA_GPU_EMULATED_NVIDIA)
-    emu::mbarrier_arrive_on_copies(bar);
-#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
-                     uint32_t(__cvta_generic_to_shared(bar)))
-                 : "memory");
-#else
-    (void)bar;
-#endif
-}
-__device__ __forceinline__ void mbarrier_wait(uint64_t *bar, uint32_t parity) {
-#if defined(MLA_GPU_EMULATED_NVIDIA)
-    emu::mbarrier_wait(bar, parity);
-#elif defined(MLA_TILE_MMA_SYNC) && !defined(MLA_GPU_EMULATED)
-    asm volatile(
-        "{\n.reg .pred done;\nwait_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n}\n" ::"r"(uint32_t(__cvta_generic_to_shared(bar))),
-        "r"(parity)
-        : "memory");
-#else
-    (void)bar, (void)parity;
-#endif
-}
-
 // ---- Portable SIMT tile: plain FMAs, any warp size (AMD until MFMA lands) -----
 struct SimtTile {
     static constexpr int kElems = 128 / MLA_WARP_SIZE;
