@@ -16,7 +16,11 @@
 #               left as they are), the shape from $MLA_PROFILE_ARGS (default
 #               MXFP4 B256x8k, 16 heads): OUT/profile.tgz holds the details
 #               page and per-SASS-line stall samples and executed
-#               instructions as CSV (ncu --page source --print-source sass)
+#               instructions as CSV (ncu --page source --print-source sass).
+#               $MLA_PROFILE_KERNEL picks another kernel (a regex, e.g.
+#               metadata); $MLA_PROFILE_SAMPLING sets ncu's
+#               --warp-sampling-interval (default auto; 0 for kernels of a
+#               few microseconds, which get only a handful of samples)
 # BUILD_DIR comes from scripts/device_prep.sh. Each stage writes
 # OUT_DIR/<stage>*.log; the last line is "N passed, N failed" (stages).
 # On the H200 (2026-12-03) the stages took: tests 206-243 s (300 configs;
@@ -27,7 +31,7 @@
 # OUT: these stages write 9 (the portable log is left out; its tail is in
 # the call's output).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 build=$(cd "$1" && pwd); out=$2; shift 2
 mkdir -p "$out"
@@ -79,8 +83,8 @@ stage_profile() {
     # -s 2: past the warm-up's first launches; --clock-control none: the
     # card's clocks are never changed.
     # shellcheck disable=SC2086
-    LIMIT_S=240 run_logged "$out/profile.log" "$ncu" --clock-control none -k regex:attention -s 2 -c 1 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    LIMIT_S=240 run_logged "$out/profile.log" "$ncu" --clock-control none -k "regex:${MLA_PROFILE_KERNEL:-attention}" \
+        -s 2 -c 1 --warp-sampling-interval "${MLA_PROFILE_SAMPLING:-auto}" --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section SourceCounters -o "$dir/profile" \
         "$build/tools/mla-bench" $args --iters 3 --warmup 1 --no-graph || return 1
