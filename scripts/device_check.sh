@@ -20,7 +20,8 @@
 #               $MLA_PROFILE_KERNEL picks another kernel (a regex, e.g.
 #               metadata); $MLA_PROFILE_SAMPLING sets ncu's
 #               --warp-sampling-interval (default auto; 0 for kernels of a
-#               few microseconds, which get only a handful of samples)
+#               few microseconds, which get only a handful of samples);
+#               scripts/profile_summary.py sass.csv summarises it
 # BUILD_DIR comes from scripts/device_prep.sh. Each stage writes
 # OUT_DIR/<stage>*.log; the last line is "N passed, N failed" (stages).
 # On the H200 (2026-12-03) the stages took: tests 206-243 s (300 configs;
