@@ -84,8 +84,9 @@ stage_profile() {
     # -s 2: past the warm-up's first launches; --clock-control none: the
     # card's clocks are never changed.
     # shellcheck disable=SC2086
-    LIMIT_S=240 run_logged "$out/profile.log" "$ncu" --clock-control none -k "regex:${MLA_PROFILE_KERNEL:-attention}" \
-        -s 2 -c 1 --warp-sampling-interval "${MLA_PROFILE_SAMPLING:-auto}" --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    LIMIT_S=240 run_logged "$out/profile.log" "$ncu" --clock-control none -s 2 -c 1 \
+        -k "regex:${MLA_PROFILE_KERNEL:-attention}" --warp-sampling-interval "${MLA_PROFILE_SAMPLING:-auto}" \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section SourceCounters -o "$dir/profile" \
         "$build/tools/mla-bench" $args --iters 3 --warmup 1 --no-graph || return 1

@@ -36,43 +36,42 @@ def main():
     header = next(i for i, r in enumerate(rows) if 'Source' in r)
     names, lines = rows[header], [r for r in rows[header + 1:] if len(r) == len(rows[header])]
     col = {n: i for i, n in enumerate(names)}
-    source, executed = col['Source'], col['Instructions Executed']
-    samples = col['Warp Stall Sampling (All Samples)']
-    reasons = [i for i, n in enumerate(names) if n.startswith('stall_') and '(Not Issued)' not in n]
+    reasons = [(i, n[len('stall_'):]) for i, n in enumerate(names) if n.startswith('stall_') and '(Not Issued)' not in n]
+    # Each line parsed once: (source, executions, stall samples, samples by reason).
+    parsed = [(r[col['Source']].strip(), number(r[col['Instructions Executed']]),
+               number(r[col['Warp Stall Sampling (All Samples)']]), {name: number(r[i]) for i, name in reasons})
+              for r in lines]
 
-    total_samples = sum(number(r[samples]) for r in lines)
-    total_executed = sum(number(r[executed]) for r in lines)
-    print(f'{len(lines)} SASS lines, {total_executed:,.0f} warp instructions executed, '
+    total_samples = sum(p[2] for p in parsed)
+    total_executed = sum(p[1] for p in parsed)
+    print(f'{len(parsed)} SASS lines, {total_executed:,.0f} warp instructions executed, '
           f'{total_samples:,.0f} stall samples')
 
     by_reason = collections.Counter()
-    for r in lines:
-        for i in reasons:
-            by_reason[names[i][len('stall_'):]] += number(r[i])
+    for _, _, _, stalls in parsed:
+        by_reason.update(stalls)
     print('\nstall samples by reason:')
     for reason, n in by_reason.most_common():
         if n > 0:
             print(f'  {reason:<20} {n:>10,.0f}  {100 * n / max(total_samples, 1):5.1f}%')
 
     groups = collections.defaultdict(lambda: [0, 0.0])  # executions of a line -> [lines, samples]
-    for r in lines:
-        e = number(r[executed])
-        if e > 0:
-            groups[e][0] += 1
-            groups[e][1] += number(r[samples])
+    for _, executed, samples, _ in parsed:
+        if executed > 0:
+            groups[executed][0] += 1
+            groups[executed][1] += samples
     print('\nlines grouped by executions (a role per group where roles run fixed code):')
     print(f'  {"executions":>12} {"lines":>6} {"instructions":>14} {"samples":>9}')
     for e, (n, s) in sorted(groups.items(), key=lambda kv: -kv[0] * kv[1][0])[:12]:
         print(f'  {e:>12,.0f} {n:>6} {e * n:>14,.0f} {s:>9,.0f}')
 
     print(f'\nthe {args.top} lines with the most stall samples:')
-    for r in sorted(lines, key=lambda r: -number(r[samples]))[:args.top]:
-        if number(r[samples]) <= 0:
+    for source, executed, samples, stalls in sorted(parsed, key=lambda p: -p[2])[:args.top]:
+        if samples <= 0:
             break
-        main_reasons = sorted(((number(r[i]), names[i][len('stall_'):]) for i in reasons), reverse=True)[:2]
+        main_reasons = sorted(((n, name) for name, n in stalls.items()), reverse=True)[:2]
         why = ', '.join(f'{name} {n:,.0f}' for n, name in main_reasons if n > 0)
-        print(f'  {number(r[samples]):>8,.0f}  x{number(r[executed]):<10,.0f} {r[source].strip()[:60]:<60} {why}')
-
+        print(f'  {samples:>8,.0f}  x{executed:<10,.0f} {source[:60]:<60} {why}')
 
 if __name__ == '__main__':
     main()
