@@ -83,8 +83,7 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
         s.q_len = q1 - q0;
         s.kv_len = int32_t(seq_kv_len(p1 - p0, last, g.page_size));
         s.page_begin = p0;
-        s.reserved = 0;
-        if (s.q_len > 0) total_blocks += seq_blocks(s.kv_len, g);
+        if (s.q_len > 0) total_blocks += seq_blocks(s.kv_len);
     }
 
     ScheduleSummary &sum = out.summary;
@@ -95,7 +94,9 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     auto assign_splits = [&]() {
         int64_t items_at_target = 0;
         for (SeqSchedule &s : out.seqs) {
-            s.splits = seq_splits(s.q_len, seq_blocks(s.kv_len, g), sum.target_blocks, g);
+            const SeqSplit split = seq_split(s.q_len, seq_blocks(s.kv_len), sum.target_blocks, g);
+            s.splits = split.splits;
+            s.chunk_blocks = split.chunk_blocks;
             items_at_target += int64_t(s.splits) * g.head_blocks;
         }
         return items_at_target;
@@ -112,9 +113,8 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     int32_t class_items[kItemClasses] = {};
     for (int32_t b = 0; b < n; ++b) {
         SeqSchedule &s = out.seqs[size_t(b)];
-        const int32_t blocks = seq_blocks(s.kv_len, g);
         s.partial_first = s.splits > 1 ? partials : -1;
-        class_items[item_class(blocks, s.splits, sum.target_blocks)] += s.splits * g.head_blocks;
+        class_items[item_class({s.splits, s.chunk_blocks}, sum.target_blocks)] += s.splits * g.head_blocks;
         items += s.splits * g.head_blocks;
         if (s.splits > 1) partials += s.splits * g.head_blocks;
         if (s.splits > sum.max_splits) sum.max_splits = s.splits;
@@ -123,7 +123,7 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     for (int c = 0, base = 0; c < kItemClasses; base += class_items[c++]) cursor[c] = base;
     for (int32_t b = 0; b < n; ++b) {
         SeqSchedule &s = out.seqs[size_t(b)];
-        int32_t &next = cursor[item_class(seq_blocks(s.kv_len, g), s.splits, sum.target_blocks)];
+        int32_t &next = cursor[item_class({s.splits, s.chunk_blocks}, sum.target_blocks)];
         s.item_first = next;
         next += s.splits * g.head_blocks;
     }

@@ -36,7 +36,7 @@ struct ScheduleGeometry {
     int32_t rows_per_item;    // kernel row tile: 16, 32 or 64
     int32_t heads_per_block;  // heads of one item
     int32_t head_blocks;      // ceil(num_heads / heads_per_block)
-    int32_t block_tokens;     // KV tokens per scheduling block
+    int32_t block_tokens;     // KV tokens per scheduling block: kScheduleBlockTokens
     int32_t workers;          // parallel workers to balance for (GPU: CTAs in flight)
     int32_t mode;             // SplitMode
     int32_t forced_splits;    // SPLIT_FORCED: splits per sequence
@@ -56,7 +56,7 @@ struct alignas(16) SeqSchedule {
     int32_t splits;         // KV splits (same for every head block); 0 if q_len == 0
     int32_t item_first;     // first work item; items are [head_block][split], sequences by item_class
     int32_t partial_first;  // first workspace slot, -1 when not split
-    int32_t reserved;
+    int32_t chunk_blocks;   // blocks of each split (the last may have fewer); 0 if q_len == 0
 };
 
 // One unit of kernel work.
@@ -118,7 +118,13 @@ MLA_HD int32_t ceil_div(int32_t a, int32_t b) {
     return a > 0 ? (a - 1) / b + 1 : ceil_div(int64_t(a), int64_t(b));
 }
 
-MLA_HD int32_t seq_blocks(int32_t kv_len, const ScheduleGeometry &g) { return ceil_div(kv_len, g.block_tokens); }
+// KV tokens per scheduling block; equal to the GPU kernel's KV tile so split
+// boundaries always fall on tile boundaries. A power of two: the device
+// scheduler divides by it with a shift.
+constexpr int32_t kBlockTokensLog2 = 6;
+constexpr int32_t kScheduleBlockTokens = 1 << kBlockTokensLog2;
+
+MLA_HD int32_t seq_blocks(int32_t kv_len) { return kv_len > 0 ? ((kv_len - 1) >> kBlockTokensLog2) + 1 : 0; }
 
 // Balanced mode: KV blocks per item so the whole batch fills `workers`.
 MLA_HD int32_t balanced_target_blocks(int64_t total_blocks, const ScheduleGeometry &g) {
@@ -140,10 +146,14 @@ MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, const Schedu
     return partial_wave && half >= kMinRefinedBlocks && half >= g.min_split_blocks ? half : target;
 }
 
-// KV splits of a sequence of `blocks` blocks; never an empty split.
-MLA_HD int32_t seq_splits(int32_t q_len, int32_t blocks, int32_t target_blocks, const ScheduleGeometry &g) {
-    if (q_len == 0) return 0;
-    if (blocks <= 1) return 1;
+// How a sequence of `blocks` blocks is split: `splits` items of
+// `chunk_blocks` blocks each (the last may have fewer); never an empty split.
+struct SeqSplit {
+    int32_t splits, chunk_blocks;
+};
+MLA_HD SeqSplit seq_split(int32_t q_len, int32_t blocks, int32_t target_blocks, const ScheduleGeometry &g) {
+    if (q_len == 0) return {0, 0};
+    if (blocks <= 1) return {1, blocks};
     int32_t s;
     if (g.mode == SPLIT_FORCED) {
         s = g.forced_splits;
@@ -159,16 +169,14 @@ MLA_HD int32_t seq_splits(int32_t q_len, int32_t blocks, int32_t target_blocks, 
     }
     if (s > blocks) s = blocks;
     if (s < 1) s = 1;
-    return ceil_div(blocks, ceil_div(blocks, s));  // drop splits that chunking left empty
+    const int32_t chunk = ceil_div(blocks, s);
+    return {ceil_div(blocks, chunk), chunk};  // drop splits that chunking left empty
 }
 
-// Token range of split k of a sequence (chunks of whole blocks).
-MLA_HD void split_range(int32_t k, int32_t splits, int32_t kv_len, const ScheduleGeometry &g, int32_t *begin,
-                        int32_t *end) {
-    const int32_t blocks = seq_blocks(kv_len, g);
-    const int32_t chunk = splits > 0 ? ceil_div(blocks, splits) : 0;
-    const int64_t b = int64_t(k) * chunk * g.block_tokens;
-    const int64_t e = int64_t(k + 1) * chunk * g.block_tokens;
+// Token range of split k of a sequence whose splits have chunk_blocks blocks.
+MLA_HD void split_range(int32_t k, int32_t chunk_blocks, int32_t kv_len, int32_t *begin, int32_t *end) {
+    const int64_t b = int64_t(k) * chunk_blocks * kScheduleBlockTokens;
+    const int64_t e = b + int64_t(chunk_blocks) * kScheduleBlockTokens;
     *begin = int32_t(b < kv_len ? b : kv_len);
     *end = int32_t(e < kv_len ? e : kv_len);
 }
@@ -180,19 +188,19 @@ MLA_HD void split_range(int32_t k, int32_t splits, int32_t kv_len, const Schedul
 // the gaps, instead of a long item starting last. Where items sit does not
 // change any result: the combine merges a sequence's splits in split order.
 constexpr int kItemClasses = 4;
-MLA_HD int32_t item_class(int32_t blocks, int32_t splits, int32_t target_blocks) {
-    if (target_blocks <= 0 || splits <= 0) return 0;
-    const int64_t chunk = ceil_div(blocks, splits), t = target_blocks;
+MLA_HD int32_t item_class(const SeqSplit &split, int32_t target_blocks) {
+    if (target_blocks <= 0 || split.splits <= 0) return 0;
+    const int64_t chunk = split.chunk_blocks, t = target_blocks;
     return 4 * chunk >= 3 * t ? 0 : 2 * chunk >= t ? 1 : 4 * chunk >= t ? 2 : 3;
 }
 
 // Work item (head block hb, split k) of a sequence; its index is
 // s.item_first + hb * s.splits + k.
-MLA_HD WorkItem make_item(int32_t seq, const SeqSchedule &s, const ScheduleGeometry &g, int32_t hb, int32_t k) {
+MLA_HD WorkItem make_item(int32_t seq, const SeqSchedule &s, int32_t hb, int32_t k) {
     WorkItem w;
     w.seq = seq;
     w.head_block = hb;
-    split_range(k, s.splits, s.kv_len, g, &w.kv_begin, &w.kv_end);
+    split_range(k, s.chunk_blocks, s.kv_len, &w.kv_begin, &w.kv_end);
     w.partial_slot = s.splits > 1 ? s.partial_first + hb * s.splits + k : -1;
     w.q_begin = s.q_begin;
     w.q_len = s.q_len;
@@ -205,7 +213,7 @@ MLA_HD WorkItem make_item(int32_t seq, const SeqSchedule &s, const ScheduleGeome
 // Work items of one sequence, written at items[s.item_first ...].
 MLA_HD void emit_items(int32_t seq, const SeqSchedule &s, const ScheduleGeometry &g, WorkItem *items) {
     for (int32_t hb = 0; hb < g.head_blocks; ++hb)
-        for (int32_t k = 0; k < s.splits; ++k) items[s.item_first + hb * s.splits + k] = make_item(seq, s, g, hb, k);
+        for (int32_t k = 0; k < s.splits; ++k) items[s.item_first + hb * s.splits + k] = make_item(seq, s, hb, k);
 }
 
 // Upper bound of work items for any batch of this plan.

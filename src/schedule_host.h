@@ -9,9 +9,6 @@
 
 namespace mla {
 
-// KV tokens per scheduling block; equal to the GPU kernel's KV tile so split
-// boundaries always fall on tile boundaries.
-constexpr int32_t kScheduleBlockTokens = 64;
 // MLA_FLAG_DETERMINISTIC: 1024-token splits, at most 8 of them per sequence.
 constexpr int32_t kDeterministicChunkBlocks = 16;
 constexpr int32_t kDeterministicMaxSplits = 8;

@@ -56,6 +56,7 @@ struct MetadataParams {
     const int32_t *kv_indptr;
     const int32_t *kv_last_page_len;  // NULL: full pages
     int32_t batch_size;
+    int32_t seqs_per_thread;  // set by launch_metadata: sequences of each thread of the one CTA
     ScheduleGeometry geometry;
     ScheduleSummary *summary;
     SeqSchedule *seqs;

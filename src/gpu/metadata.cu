@@ -78,12 +78,12 @@ __device__ Counts<N> block_exclusive_scan(const Counts<N> &value, Counts<N> *war
 
 __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const MetadataParams p) {
     const ScheduleGeometry &g = p.geometry;
-    const int n = p.batch_size, tid = threadIdx.x, threads = blockDim.x, warps = threads / MLA_WARP_SIZE;
+    const int n = p.batch_size, tid = threadIdx.x, warps = int(blockDim.x) / MLA_WARP_SIZE;
     // Counts per thread: items of each size class (schedule.h), then partials.
     constexpr int kPartials = kItemClasses;
     using ItemCounts = Counts<kItemClasses + 1>;
     __shared__ ItemCounts warp_sums[kMaxMetaWarps];
-    __shared__ unsigned long long total_blocks;
+    __shared__ unsigned long long warp_blocks[kMaxMetaWarps];  // KV blocks of each warp's sequences
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
     __shared__ int total_q;
@@ -102,7 +102,6 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         else p.seqs[b] = s;
     };
     if (tid == 0) {
-        total_blocks = 0;
         first_error = INT_MAX;
         max_splits = 0;
         total_q = 0;  // the last sequence's thread sets it
@@ -120,8 +119,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     }
 
     // Each thread owns a contiguous range of sequences.
-    const int per = (n + threads - 1) / threads;
-    const int b_begin = min(n, tid * per), b_end = min(n, b_begin + per);
+    const int b_begin = min(n, tid * p.seqs_per_thread), b_end = min(n, b_begin + p.seqs_per_thread);
     unsigned long long blocks = 0;
     for (int b = b_begin; b < b_end; ++b) {
         const int q0 = p.qo_indptr[b], q1 = p.qo_indptr[b + 1];
@@ -139,15 +137,18 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         s.splits = 0;
         s.item_first = 0;
         s.partial_first = -1;
-        s.reserved = 0;
+        s.chunk_blocks = 0;
         store_seq(b, s);
-        if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len, g);
+        if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len);
     }
     const int lane = tid % MLA_WARP_SIZE;
-    // One shared atomic per warp: 1024 contending ones serialise.
+    // A slot per warp, summed by every thread after the barrier: a 64-bit
+    // shared atomicAdd is a compare-and-swap loop that the warps contend on.
     blocks = warp_sum(blocks);
-    if (lane == 0) atomicAdd(&total_blocks, blocks);
+    if (lane == 0) warp_blocks[tid / MLA_WARP_SIZE] = blocks;
     __syncthreads();
+    unsigned long long total_blocks = 0;
+    for (int w = 0; w < warps; ++w) total_blocks += warp_blocks[w];
 
     if (first_error != INT_MAX) {
         for (int b = b_begin; b < min(b_end, kCachedSeqs); ++b) p.seqs[b] = cached[b];
@@ -179,10 +180,11 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         local_max = 0;
         for (int b = b_begin; b < b_end; ++b) {
             SeqSchedule s = load_seq(b);
-            const int kv_blocks = seq_blocks(s.kv_len, g);
-            s.splits = seq_splits(s.q_len, kv_blocks, target, g);
+            const SeqSplit split = seq_split(s.q_len, seq_blocks(s.kv_len), target, g);
+            s.splits = split.splits;
+            s.chunk_blocks = split.chunk_blocks;
             store_seq(b, s);
-            const int cls = item_class(kv_blocks, s.splits, target);
+            const int cls = item_class(split, target);
 #pragma unroll
             for (int c = 0; c < kItemClasses; ++c)  // registers, not a local-memory index
                 if (c == cls) counts.v[c] += s.splits * g.head_blocks;
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule s = load_seq(b);
         if (fits) {
-            const int cls = item_class(seq_blocks(s.kv_len, g), s.splits, target);
+            const int cls = item_class({s.splits, s.chunk_blocks}, target);
 #pragma unroll
             for (int c = 0; c < kItemClasses; ++c)  // registers, not a local-memory index
                 if (c == cls) {
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         if (b < n) {
             const SeqSchedule s = load_seq(b);
             for (int j = lane; j < s.splits * g.head_blocks; j += MLA_WARP_SIZE)
-                p.items[s.item_first + j] = make_item(b, s, g, j / s.splits, j % s.splits);
+                p.items[s.item_first + j] = make_item(b, s, j / s.splits, j % s.splits);
         }
     } else if (fits) {
         for (int b = b_begin; b < b_end; ++b) {
@@ -274,7 +276,9 @@ __global__ void validate_pages_kernel(const ScheduleSummary *summary, const Work
 hipError_t launch_metadata(const MetadataParams &p, hipStream_t stream) {
     int threads = (p.batch_size + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE * MLA_WARP_SIZE;
     threads = threads < kMinMetaThreads ? kMinMetaThreads : threads > kMaxMetaThreads ? kMaxMetaThreads : threads;
-    MLA_LAUNCH(metadata_kernel, 1, threads, 0, stream)(p);
+    MetadataParams launch = p;
+    launch.seqs_per_thread = (p.batch_size + threads - 1) / threads;
+    MLA_LAUNCH(metadata_kernel, 1, threads, 0, stream)(launch);
     return hipGetLastError();
 }
 
