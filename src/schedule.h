@@ -181,17 +181,24 @@ MLA_HD void split_range(int32_t k, int32_t chunk_blocks, int32_t kv_len, int32_t
     *end = int32_t(e < kv_len ? e : kv_len);
 }
 
-// Size class of a sequence's items (balanced mode; 0 otherwise): 0 for
-// items of at least 3/4 of the target, then 1/2, 1/4, smaller. Items are laid
-// out class by class (each class in sequence order) so that the long items
-// of a ragged batch start in the first wave of CTAs and the short ones fill
-// the gaps, instead of a long item starting last. Where items sit does not
-// change any result: the combine merges a sequence's splits in split order.
-constexpr int kItemClasses = 4;
+// Size class of a sequence's items (balanced mode; 0 otherwise): k for
+// items of (15 - k)/16 to (16 - k)/16 of the target (0 also for larger
+// ones, 15 for any smaller). Items are laid out class by class, so the CTAs
+// start them longest first (the hardware starts CTAs in index order as
+// others finish: a greedy longest-first schedule), the long items of a
+// ragged batch in the first wave and the short ones filling the gaps. Four
+// classes (quarters) left a quarter of the items in sequence order at the
+// end, where one of them finishing last set the step's time
+// (docs/performance.md v19). Where items sit does not change any result:
+// the combine merges a sequence's splits in split order.
+constexpr int kItemClasses = 16;
 MLA_HD int32_t item_class(const SeqSplit &split, int32_t target_blocks) {
     if (target_blocks <= 0 || split.splits <= 0) return 0;
-    const int64_t chunk = split.chunk_blocks, t = target_blocks;
-    return 4 * chunk >= 3 * t ? 0 : 2 * chunk >= t ? 1 : 4 * chunk >= t ? 2 : 3;
+    const int64_t chunk16 = int64_t(split.chunk_blocks) * kItemClasses, t = target_blocks;
+    int32_t k = 0;  // the largest k in [0, 15] with chunk < (16 - k)/16 of the target (binary search)
+    for (int32_t step = kItemClasses / 2; step > 0; step >>= 1)
+        if (chunk16 < (kItemClasses - k - step) * t) k += step;
+    return k;
 }
 
 // Work item (head block hb, split k) of a sequence; its index is

@@ -20,7 +20,6 @@ constexpr int kMaxMetaWarps = kMaxMetaThreads / MLA_WARP_SIZE;
 // through global memory): each pass would otherwise wait for a global load
 // of what the previous one wrote, and the item pass for one per sequence.
 constexpr int kCachedSeqs = 1024;
-static_assert(kMaxMetaWarps <= MLA_WARP_SIZE, "one warp scans the warp totals");
 
 // Sum and maximum across a warp (every lane gets them).
 template <class T>
@@ -33,57 +32,37 @@ __device__ int warp_max(int v) {
     return v;
 }
 
-// N counters per thread, scanned together.
-template <int N>
-struct Counts {
-    int v[N];
-};
-
-// Inclusive prefix sums of N values across a warp.
-template <int N>
-__device__ Counts<N> warp_inclusive_scan(Counts<N> c) {
+// Exclusive prefix sums of a[0, count) in shared memory, in place, by one
+// warp (consecutive runs a lane); returns the total to every lane.
+__device__ int warp_exclusive_scan_in_place(int *a, int count) {
     const int lane = threadIdx.x % MLA_WARP_SIZE;
+    const int per = (count + MLA_WARP_SIZE - 1) / MLA_WARP_SIZE;
+    const int begin = min(count, lane * per), end = min(count, begin + per);
+    int sum = 0;
+    for (int i = begin; i < end; ++i) sum += a[i];
+    int inclusive = sum;
     for (int off = 1; off < MLA_WARP_SIZE; off <<= 1) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            const int x = MLA_SHFL_UP(c.v[i], off);
-            if (lane >= off) c.v[i] += x;
-        }
+        const int x = MLA_SHFL_UP(inclusive, off);
+        if (lane >= off) inclusive += x;
     }
-    return c;
-}
-
-// Exclusive prefix sums over the CTA of N values per thread (warp scans,
-// then a scan of the warp totals); *total gets the sums. Two barriers.
-template <int N>
-__device__ Counts<N> block_exclusive_scan(const Counts<N> &value, Counts<N> *warp_sums, Counts<N> *total) {
-    const int lane = threadIdx.x % MLA_WARP_SIZE, warp = threadIdx.x / MLA_WARP_SIZE;
-    const int warps = int(blockDim.x) / MLA_WARP_SIZE;
-    const Counts<N> inclusive = warp_inclusive_scan(value);
-    if (lane == MLA_WARP_SIZE - 1) warp_sums[warp] = inclusive;
-    __syncthreads();
-    if (warp == 0) {
-        Counts<N> w{};
-        if (lane < warps) w = warp_sums[lane];
-        w = warp_inclusive_scan(w);
-        if (lane < warps) warp_sums[lane] = w;
+    for (int i = begin, run = inclusive - sum; i < end; ++i) {
+        const int v = a[i];
+        a[i] = run;
+        run += v;
     }
-    __syncthreads();
-    Counts<N> r;
-    *total = warp_sums[warps - 1];
-#pragma unroll
-    for (int i = 0; i < N; ++i) r.v[i] = (warp > 0 ? warp_sums[warp - 1].v[i] : 0) + inclusive.v[i] - value.v[i];
-    return r;
+    return MLA_SHFL(inclusive, MLA_WARP_SIZE - 1);
 }
 
 __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const MetadataParams p) {
     const ScheduleGeometry &g = p.geometry;
     const int n = p.batch_size, tid = threadIdx.x, warps = int(blockDim.x) / MLA_WARP_SIZE;
-    // Counts per thread: items of each size class (schedule.h), then partials.
-    constexpr int kPartials = kItemClasses;
-    using ItemCounts = Counts<kItemClasses + 1>;
-    __shared__ ItemCounts warp_sums[kMaxMetaWarps];
+    const int lane = tid % MLA_WARP_SIZE, warp = tid / MLA_WARP_SIZE;
     __shared__ unsigned long long warp_blocks[kMaxMetaWarps];  // KV blocks of each warp's sequences
+    __shared__ int warp_items[2][kMaxMetaWarps];                // items of each warp's sequences, per pass
+    // Items of each (size class, warp), class-major, then partial slots of
+    // each warp: counts, then their exclusive sums.
+    __shared__ int placement[(kItemClasses + 1) * kMaxMetaWarps];
+    __shared__ int total_partials;
     __shared__ int first_error;  // (sequence + 1) * 8 + error of the first bad sequence
     __shared__ int max_splits;
     __shared__ int total_q;
@@ -101,6 +80,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         if (b < kCachedSeqs) cached[b] = s;
         else p.seqs[b] = s;
     };
+    for (int i = tid; i < (kItemClasses + 1) * warps; i += blockDim.x) placement[i] = 0;
     if (tid == 0) {
         first_error = INT_MAX;
         max_splits = 0;
@@ -141,11 +121,10 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         store_seq(b, s);
         if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len);
     }
-    const int lane = tid % MLA_WARP_SIZE;
     // A slot per warp, summed by every thread after the barrier: a 64-bit
     // shared atomicAdd is a compare-and-swap loop that the warps contend on.
     blocks = warp_sum(blocks);
-    if (lane == 0) warp_blocks[tid / MLA_WARP_SIZE] = blocks;
+    if (lane == 0) warp_blocks[warp] = blocks;
     __syncthreads();
     unsigned long long total_blocks = 0;
     for (int w = 0; w < warps; ++w) total_blocks += warp_blocks[w];
@@ -169,14 +148,13 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         return;
     }
 
-    // Splits and item counts at the balanced target; in balanced mode a
-    // second pass at the refined target where refined_target_blocks moves it
-    // (schedule.cpp: the same steps).
+    // Splits at the balanced target; in balanced mode a second pass at the
+    // refined target where refined_target_blocks moves it (schedule.cpp: the
+    // same steps). A pass needs only the item total: a slot per warp.
     int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
-    ItemCounts totals, cursor;
-    int total_items, local_max;
+    int total_items = 0, local_max;
     for (int pass = 0;; ++pass) {
-        ItemCounts counts{};
+        int items = 0;
         local_max = 0;
         for (int b = b_begin; b < b_end; ++b) {
             SeqSchedule s = load_seq(b);
@@ -184,40 +162,51 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
             s.splits = split.splits;
             s.chunk_blocks = split.chunk_blocks;
             store_seq(b, s);
-            const int cls = item_class(split, target);
-#pragma unroll
-            for (int c = 0; c < kItemClasses; ++c)  // registers, not a local-memory index
-                if (c == cls) counts.v[c] += s.splits * g.head_blocks;
-            if (s.splits > 1) counts.v[kPartials] += s.splits * g.head_blocks;
+            items += s.splits * g.head_blocks;
             local_max = max(local_max, s.splits);
         }
-        cursor = block_exclusive_scan(counts, warp_sums, &totals);
+        items = warp_sum(items);
+        if (lane == 0) warp_items[pass][warp] = items;
+        __syncthreads();
         total_items = 0;
-#pragma unroll
-        for (int c = 0; c < kItemClasses; ++c) total_items += totals.v[c];
+        for (int w = 0; w < warps; ++w) total_items += warp_items[pass][w];
         const int refined = pass == 0 && g.mode == SPLIT_BALANCED ? refined_target_blocks(target, total_items, g) : target;
         if (refined == target) break;
         target = refined;
-        __syncthreads();  // every thread has read warp_sums before the next scan rewrites it
     }
     local_max = warp_max(local_max);
     if (lane == 0) atomicMax(&max_splits, local_max);
-#pragma unroll
-    for (int c = 0, base = 0; c < kItemClasses; base += totals.v[c++]) cursor.v[c] += base;  // classes in order
-    const int total_partials = totals.v[kPartials];
     const bool fits = total_items <= g.max_items;
+
+    // Placement: items class by class (schedule.h), partial slots in one
+    // range of their own. Each sequence takes its offset within its (class,
+    // warp) counter by a shared atomic; one warp then turns the counters,
+    // class-major, into exclusive sums. The order of a warp's sequences
+    // inside a class follows the atomics' order, which changes no result
+    // (where an item or a partial sits is only an address), and costs one
+    // scan where a scan per class cost one per counter.
+    int *const partial_counts = placement + kItemClasses * warps;
+    if (fits) {
+        for (int b = b_begin; b < b_end; ++b) {
+            SeqSchedule s = load_seq(b);
+            const int items = s.splits * g.head_blocks;
+            s.item_first = atomicAdd(&placement[item_class({s.splits, s.chunk_blocks}, target) * warps + warp], items);
+            s.partial_first = s.splits > 1 ? atomicAdd(&partial_counts[warp], items) : -1;
+            store_seq(b, s);
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        warp_exclusive_scan_in_place(placement, kItemClasses * warps);
+        const int partials = warp_exclusive_scan_in_place(partial_counts, warps);
+        if (lane == 0) total_partials = partials;
+    }
+    __syncthreads();
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule s = load_seq(b);
         if (fits) {
-            const int cls = item_class({s.splits, s.chunk_blocks}, target);
-#pragma unroll
-            for (int c = 0; c < kItemClasses; ++c)  // registers, not a local-memory index
-                if (c == cls) {
-                    s.item_first = cursor.v[c];
-                    cursor.v[c] += s.splits * g.head_blocks;
-                }
-            s.partial_first = s.splits > 1 ? cursor.v[kPartials] : -1;
-            if (s.splits > 1) cursor.v[kPartials] += s.splits * g.head_blocks;
+            s.item_first += placement[item_class({s.splits, s.chunk_blocks}, target) * warps + warp];
+            if (s.splits > 1) s.partial_first += partial_counts[warp];
         }
         if (b < kCachedSeqs) cached[b] = s;
         p.seqs[b] = s;
