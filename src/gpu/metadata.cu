@@ -184,16 +184,40 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     // class-major, into exclusive sums. The order of a warp's sequences
     // inside a class follows the atomics' order, which changes no result
     // (where an item or a partial sits is only an address), and costs one
-    // scan where a scan per class cost one per counter.
+    // scan where a scan per class cost one per counter. Where a warp's
+    // sequences all have the same class and splits (a uniform batch), its
+    // first lane takes them all in one atomic: 32 lanes on one address
+    // serialise (+0.9 us at batch 256, docs/performance.md v19).
     int *const partial_counts = placement + kItemClasses * warps;
-    if (fits) {
-        for (int b = b_begin; b < b_end; ++b) {
-            SeqSchedule s = load_seq(b);
-            const int items = s.splits * g.head_blocks;
-            s.item_first = atomicAdd(&placement[item_class({s.splits, s.chunk_blocks}, target) * warps + warp], items);
-            s.partial_first = s.splits > 1 ? atomicAdd(&partial_counts[warp], items) : -1;
-            store_seq(b, s);
+    for (int i = 0; fits && i < p.seqs_per_thread; ++i) {  // the same trip count in every lane
+        // A thread's sequences are consecutive, so a warp's active lanes
+        // are its first ones.
+        const int b = b_begin + i;
+        const bool active = b < b_end;
+        SeqSchedule s{};
+        int cls = 0;
+        if (active) {
+            s = load_seq(b);
+            cls = item_class({s.splits, s.chunk_blocks}, target);
         }
+        const int items = s.splits * g.head_blocks;
+        const int cls0 = MLA_SHFL(cls, 0), splits0 = MLA_SHFL(s.splits, 0);
+        const int count = warp_sum(int(active));
+        if (warp_sum(int(active && cls == cls0 && s.splits == splits0)) == count) {
+            int first = 0, partial = 0;
+            if (lane == 0 && count > 0) {
+                first = atomicAdd(&placement[cls * warps + warp], count * items);
+                if (s.splits > 1) partial = atomicAdd(&partial_counts[warp], count * items);
+            }
+            first = MLA_SHFL(first, 0);  // (every lane shuffles: the branch is warp-uniform)
+            partial = MLA_SHFL(partial, 0);
+            s.item_first = first + lane * items;
+            s.partial_first = s.splits > 1 ? partial + lane * items : -1;
+        } else if (active) {
+            s.item_first = atomicAdd(&placement[cls * warps + warp], items);
+            s.partial_first = s.splits > 1 ? atomicAdd(&partial_counts[warp], items) : -1;
+        }
+        if (active) store_seq(b, s);
     }
     __syncthreads();
     if (warp == 0) {
