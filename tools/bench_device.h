@@ -47,6 +47,10 @@ public:
     virtual double read_bandwidth_gbs() = 0;
     // Size of the buffer that measurement read.
     virtual size_t read_bandwidth_buffer_bytes() const = 0;
+    // Event time of an empty kernel of one CTA, median of several: the floor
+    // under a single launch such as the metadata build (dmeta_us). Measured
+    // once, cached; 0 where it does not apply (host).
+    virtual double empty_kernel_us() { return 0; }
 
     // Time `iters` calls of body(i), each on its own (events on a GPU, the wall
     // clock on the host), after `warmup` untimed calls. With `flush`, the cache

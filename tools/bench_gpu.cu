@@ -53,6 +53,9 @@ __global__ void read_kernel(const uint4 *__restrict__ data, size_t n, uint32_t *
     if (threadIdx.x == 0) out[blockIdx.x] = part[0];
 }
 
+// Does nothing: its event time is what a launch costs by itself.
+__global__ void empty_kernel() {}
+
 class Events {
 public:
     explicit Events(size_t n) {
@@ -191,6 +194,15 @@ public:
         return bandwidth_;
     }
 
+    double empty_kernel_us() override {
+        if (empty_kernel_us_ < 0)
+            empty_kernel_us_ = median(time_each(5, 31, false, [&](int) {
+                empty_kernel<<<1, 256, 0, stream_>>>();
+                BENCH_HIP(hipGetLastError());
+            }));
+        return empty_kernel_us_;
+    }
+
     std::vector<double> time_each(int warmup, int iters, bool flush, const std::function<void(int)> &body) override {
         for (int i = 0; i < warmup; ++i) body(i);
         Events ev(2 * size_t(iters));
@@ -282,6 +294,7 @@ private:
     size_t free_at_start_ = 0;
     hipStream_t stream_ = nullptr;
     double bandwidth_ = -1.0;
+    double empty_kernel_us_ = -1.0;
     Buffer scratch_;
     unsigned flush_count_ = 0;
 };

@@ -49,6 +49,9 @@ void print_header(std::FILE *f, const RunInfo &in) {
                      in.read_buffer_bytes / 1e6, in.read_gbs, in.cache_bytes / 1e6);
     else
         std::fprintf(f, "streaming read bandwidth: not measured\n");
+    if (in.empty_kernel_us > 0)
+        std::fprintf(f, "empty kernel (this run, one CTA, events): %.1f us, the floor under one launch (dmeta_us)\n",
+                     in.empty_kernel_us);
 }
 
 void print_table_header(std::FILE *f) {
@@ -187,6 +190,7 @@ bool write_json(const std::string &path, const RunInfo &in, const std::vector<Ro
     o << "  \"read_bandwidth_gbs\": " << jnum(in.read_gbs > 0 ? in.read_gbs : kNaN) << ",\n";
     o << "  \"read_bandwidth_buffer_bytes\": " << jnum(in.read_buffer_bytes) << ",\n";
     o << "  \"cache_bytes\": " << jnum(in.cache_bytes) << ",\n";
+    o << "  \"empty_kernel_us\": " << jnum(in.empty_kernel_us > 0 ? in.empty_kernel_us : kNaN) << ",\n";
     o << "  \"seed\": " << in.seed << ",\n";
     o << "  \"iters\": " << in.iters << ",\n";
     o << "  \"warmup\": " << in.warmup << ",\n";

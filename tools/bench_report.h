@@ -55,6 +55,7 @@ struct RunInfo {
     double read_gbs = 0;        // measured streaming read bandwidth
     double read_buffer_bytes = 0;
     double cache_bytes = 0;
+    double empty_kernel_us = 0; // event time of an empty one-CTA kernel (0: not measured)
     unsigned long long seed = 0;
     int iters = 0, warmup = 0;
     bool shuffle_pages = false;

@@ -1100,8 +1100,9 @@ int run(int argc, char **argv) {
     info.read_buffer_bytes = double(dev->read_bandwidth_buffer_bytes());
     try {
         info.read_gbs = dev->read_bandwidth_gbs();
+        info.empty_kernel_us = dev->empty_kernel_us();
     } catch (const Error &e) {
-        std::fprintf(stderr, "mla-bench: bandwidth measurement failed: %s\n", e.what());
+        std::fprintf(stderr, "mla-bench: bandwidth or launch measurement failed: %s\n", e.what());
     }
     print_header(stdout, info);
     if (!gpu && o.backend == "auto" && !why.empty()) std::printf("(CPU backend: %s)\n", why.c_str());
