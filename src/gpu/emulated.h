@@ -656,7 +656,10 @@ inline int syncthreads_or(int predicate) {
 // bar.sync / bar.arrive / bar.red.or with a barrier id and a thread count:
 // the barrier completes when `count` threads have arrived (waiting or not);
 // the waiters resume then. Returns whether any arriving thread's predicate
-// was non-zero (for the waiters and the completing thread).
+// was non-zero (for the waiters and the completing thread). A thread that
+// only arrives yields, so that threads its arrival released run before its
+// next instructions: a store placed after the arrive it should precede
+// then lands too late for them, as it may on the GPU.
 inline int named_barrier(int id, int count, bool wait, int predicate) {
     Cta &c = cta();
     if (id <= 0 || id >= kNamedBarriers || count <= 0 || count > int(c.threads) || count % MLA_WARP_SIZE)
@@ -672,9 +675,13 @@ inline int named_barrier(int id, int count, bool wait, int predicate) {
             if (f.state == kAtNamedBarrier && f.named_barrier == id) f.state = kRunnable, f.named_result = any;
         }
         b = Cta::NamedBarrier{};
+        if (!wait) wait_at(kRunnable);
         return any;
     }
-    if (!wait) return 0;
+    if (!wait) {
+        wait_at(kRunnable);
+        return 0;
+    }
     Fiber &self = c.fibers[size_t(c.current)];
     self.named_barrier = id;
     wait_at(kAtNamedBarrier);
