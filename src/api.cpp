@@ -365,7 +365,7 @@ MLA_API mla_status mla_plan_schedule_info(const mla_plan *plan, mla_schedule_inf
     info->rows_per_item = g.rows_per_item;
     info->head_blocks = g.head_blocks;
     info->target_blocks = s.target_blocks;
-    info->block_tokens = g.block_tokens;
+    info->block_tokens = kScheduleBlockTokens;
     info->workers = g.workers;
     return MLA_SUCCESS;
 }

@@ -15,7 +15,6 @@ ScheduleGeometry make_geometry(const PlanConfig &cfg, int32_t workers, int32_t m
     g.heads_per_block = g.rows_per_item / cfg.max_q_len;
     if (g.heads_per_block > cfg.num_heads) g.heads_per_block = cfg.num_heads;
     g.head_blocks = ceil_div(cfg.num_heads, g.heads_per_block);
-    g.block_tokens = kScheduleBlockTokens;
     g.workers = workers > 0 ? workers : 1;
     if (cfg.num_splits > 0) {
         g.mode = SPLIT_FORCED;

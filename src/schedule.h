@@ -8,7 +8,7 @@
 //   head block the query heads are cut into head_blocks groups of
 //              heads_per_block so one work item's rows (q_len x heads) fit in
 //              rows_per_item, the kernel's row tile.
-//   block      block_tokens consecutive KV tokens: the unit of splitting.
+//   block      kScheduleBlockTokens consecutive KV tokens: the unit of splitting.
 //   work item  (sequence, head block, KV token range). Items of a sequence
 //              that is split write normalised partial outputs + LSE into a
 //              workspace slot; the combine step merges them in split order.
@@ -36,7 +36,6 @@ struct ScheduleGeometry {
     int32_t rows_per_item;    // kernel row tile: 16, 32 or 64
     int32_t heads_per_block;  // heads of one item
     int32_t head_blocks;      // ceil(num_heads / heads_per_block)
-    int32_t block_tokens;     // KV tokens per scheduling block: kScheduleBlockTokens
     int32_t workers;          // parallel workers to balance for (GPU: CTAs in flight)
     int32_t mode;             // SplitMode
     int32_t forced_splits;    // SPLIT_FORCED: splits per sequence

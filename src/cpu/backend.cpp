@@ -45,7 +45,7 @@ public:
     CpuBackend(const PlanConfig &cfg, int threads)
         : cfg_(cfg), pool_(threads), geometry_(make_geometry(cfg, threads * 4, 2)) {
         scratch_.resize(size_t(pool_.size()));
-        const int rows = geometry_.rows_per_item, bt = geometry_.block_tokens;
+        const int rows = geometry_.rows_per_item, bt = kScheduleBlockTokens;
         for (Scratch &s : scratch_) {
             s.kv.resize(size_t(bt) * kDim);
             s.q.resize(size_t(rows) * kDim);
@@ -109,8 +109,8 @@ private:
         const uint8_t *kv = static_cast<const uint8_t *>(t.kv);
         const size_t row_bytes = size_t(kv_row_bytes(cfg_.kv_dtype));
         const int32_t shift = __builtin_ctz(unsigned(cfg_.page_size)), mask = cfg_.page_size - 1;
-        for (int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += geometry_.block_tokens) {
-            const int32_t nj = std::min(geometry_.block_tokens, w.kv_end - j0);
+        for (int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += kScheduleBlockTokens) {
+            const int32_t nj = std::min(kScheduleBlockTokens, w.kv_end - j0);
             for (int32_t j = 0; j < nj; ++j) {
                 const int32_t tokj = j0 + j;
                 const int64_t slot = w.page_begin + (tokj >> shift);

@@ -32,6 +32,19 @@ __device__ int warp_max(int v) {
     return v;
 }
 
+// Sum across the CTA, to every thread, through one slot per warp (a 64-bit
+// shared atomicAdd is a compare-and-swap loop the warps contend on). One
+// barrier; `slots` must not be written again before another one.
+template <class T>
+__device__ T cta_sum(T v, T *slots) {
+    v = warp_sum(v);
+    if (threadIdx.x % MLA_WARP_SIZE == 0) slots[threadIdx.x / MLA_WARP_SIZE] = v;
+    __syncthreads();
+    T total = 0;
+    for (int w = 0; w < int(blockDim.x) / MLA_WARP_SIZE; ++w) total += slots[w];
+    return total;
+}
+
 // Exclusive prefix sums of a[0, count) in shared memory, in place, by one
 // warp (consecutive runs a lane); returns the total to every lane.
 __device__ int warp_exclusive_scan_in_place(int *a, int count) {
@@ -58,7 +71,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     const int n = p.batch_size, tid = threadIdx.x, warps = int(blockDim.x) / MLA_WARP_SIZE;
     const int lane = tid % MLA_WARP_SIZE, warp = tid / MLA_WARP_SIZE;
     __shared__ unsigned long long warp_blocks[kMaxMetaWarps];  // KV blocks of each warp's sequences
-    __shared__ int warp_items[2][kMaxMetaWarps];                // items of each warp's sequences, per pass
+    __shared__ int warp_items[2][kMaxMetaWarps];                // items of each warp's sequences, a pass each
     // Items of each (size class, warp), class-major, then partial slots of
     // each warp: counts, then their exclusive sums.
     __shared__ int placement[(kItemClasses + 1) * kMaxMetaWarps];
@@ -121,13 +134,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         store_seq(b, s);
         if (err == SCHED_OK && s.q_len > 0) blocks += seq_blocks(s.kv_len);
     }
-    // A slot per warp, summed by every thread after the barrier: a 64-bit
-    // shared atomicAdd is a compare-and-swap loop that the warps contend on.
-    blocks = warp_sum(blocks);
-    if (lane == 0) warp_blocks[warp] = blocks;
-    __syncthreads();
-    unsigned long long total_blocks = 0;
-    for (int w = 0; w < warps; ++w) total_blocks += warp_blocks[w];
+    const unsigned long long total_blocks = cta_sum(blocks, warp_blocks);
 
     if (first_error != INT_MAX) {
         for (int b = b_begin; b < min(b_end, kCachedSeqs); ++b) p.seqs[b] = cached[b];
@@ -150,7 +157,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
 
     // Splits at the balanced target; in balanced mode a second pass at the
     // refined target where refined_target_blocks moves it (schedule.cpp: the
-    // same steps). A pass needs only the item total: a slot per warp.
+    // same steps). A pass needs only the item total.
     int target = g.mode == SPLIT_BALANCED ? balanced_target_blocks((long long)total_blocks, g) : 0;
     int total_items = 0, local_max;
     for (int pass = 0;; ++pass) {
@@ -165,11 +172,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
             items += s.splits * g.head_blocks;
             local_max = max(local_max, s.splits);
         }
-        items = warp_sum(items);
-        if (lane == 0) warp_items[pass][warp] = items;
-        __syncthreads();
-        total_items = 0;
-        for (int w = 0; w < warps; ++w) total_items += warp_items[pass][w];
+        total_items = cta_sum(items, warp_items[pass]);
         const int refined = pass == 0 && g.mode == SPLIT_BALANCED ? refined_target_blocks(target, total_items, g) : target;
         if (refined == target) break;
         target = refined;
