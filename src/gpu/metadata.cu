@@ -206,8 +206,11 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         }
         const int items = s.splits * g.head_blocks;
         const int cls0 = MLA_SHFL(cls, 0), splits0 = MLA_SHFL(s.splits, 0);
-        const int count = warp_sum(int(active));
-        if (warp_sum(int(active && cls == cls0 && s.splits == splits0)) == count) {
+        // The active lanes (low half) and those unlike the first (high
+        // half) in one reduction.
+        const int counts = warp_sum(int(active) | int(active && (cls != cls0 || s.splits != splits0)) << 16);
+        const int count = counts & 0xffff;
+        if ((counts >> 16) == 0) {
             int first = 0, partial = 0;
             if (lane == 0 && count > 0) {
                 first = atomicAdd(&placement[cls * warps + warp], count * items);
@@ -224,17 +227,18 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         if (active) store_seq(b, s);
     }
     __syncthreads();
+    // One scan over the item counters and, after them, the partial-slot
+    // counters: the latter's sums then start at the item total.
     if (warp == 0) {
-        warp_exclusive_scan_in_place(placement, kItemClasses * warps);
-        const int partials = warp_exclusive_scan_in_place(partial_counts, warps);
-        if (lane == 0) total_partials = partials;
+        const int total = warp_exclusive_scan_in_place(placement, (kItemClasses + 1) * warps);
+        if (lane == 0) total_partials = total - total_items;
     }
     __syncthreads();
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule s = load_seq(b);
         if (fits) {
             s.item_first += placement[item_class({s.splits, s.chunk_blocks}, target) * warps + warp];
-            if (s.splits > 1) s.partial_first += partial_counts[warp];
+            if (s.splits > 1) s.partial_first += partial_counts[warp] - total_items;
         }
         if (b < kCachedSeqs) cached[b] = s;
         p.seqs[b] = s;
