@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     __shared__ int max_splits;
     __shared__ int total_q;
     __shared__ SeqSchedule cached[kCachedSeqs];
+    __shared__ unsigned char cached_class[kCachedSeqs];  // item_class of the cached sequences
     // A sequence's schedule is copied in and out whole (16-byte words; a
     // reference into either memory made every access a generic one, and
     // every work item's store forced the fields to be loaded again).
@@ -203,6 +204,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
         if (active) {
             s = load_seq(b);
             cls = item_class({s.splits, s.chunk_blocks}, target);
+            if (b < kCachedSeqs) cached_class[b] = (unsigned char)cls;
         }
         const int items = s.splits * g.head_blocks;
         const int cls0 = MLA_SHFL(cls, 0), splits0 = MLA_SHFL(s.splits, 0);
@@ -237,7 +239,8 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
     for (int b = b_begin; b < b_end; ++b) {
         SeqSchedule s = load_seq(b);
         if (fits) {
-            s.item_first += placement[item_class({s.splits, s.chunk_blocks}, target) * warps + warp];
+            const int cls = b < kCachedSeqs ? cached_class[b] : item_class({s.splits, s.chunk_blocks}, target);
+            s.item_first += placement[cls * warps + warp];
             if (s.splits > 1) s.partial_first += partial_counts[warp] - total_items;
         }
         if (b < kCachedSeqs) cached[b] = s;
