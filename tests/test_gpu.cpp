@@ -23,6 +23,9 @@
 //   graph_capture         build_metadata (device arrays) + 3 executes captured in
 //                         a graph, replayed; lengths changed in the device arrays,
 //                         replayed again; every replay checked against the CPU
+//   many_items            far more work items than resident CTAs, items of
+//                         0 / 1 / many tiles, three executes on one metadata
+//                         build (host and device): all checked, bitwise equal
 //   determinism           MLA_FLAG_DETERMINISTIC: a sequence is bitwise identical
 //                         alone, in other batches, and across runs
 //   validate_device_inputs  MLA_FLAG_VALIDATE_DEVICE_INPUTS reports bad
@@ -294,15 +297,13 @@ mla_batch batch_for(const Host &h, const Dev *dev, bool null_last) {
     return b;
 }
 
-// Metadata for batch b, then one execute with tensors t (out / lse filled in
-// here: poisoned, guarded, fetched and checked).
-Result run_gpu_tensors(mla_plan *plan, const Host &h, const mla_batch &b, mla_tensors t, int heads, bool use_lse,
-                       dm::stream_t stream) {
+// One execute with tensors t on the plan's current metadata (out / lse
+// filled in here: poisoned, guarded, fetched and checked).
+Result execute_checked(mla_plan *plan, const Host &h, mla_tensors t, int heads, bool use_lse, dm::stream_t stream) {
     const size_t rows = h.rows(heads);
     DevOut out(rows * kDV * 2 + 16), lse(rows * 4 + 16);
     out.poison();
     lse.poison();
-    MLA_CHECK(mla_plan_build_metadata(plan, &b, stream));
     t.out = out.data();
     t.lse = use_lse ? static_cast<float *>(lse.data()) : nullptr;
     MLA_CHECK(mla_plan_execute(plan, &t, stream));
@@ -321,6 +322,13 @@ Result run_gpu_tensors(mla_plan *plan, const Host &h, const mla_batch &b, mla_te
                 "lse was NULL but the lse buffer changed");
     }
     return r;
+}
+
+// Metadata for batch b, then one execute with tensors t.
+Result run_gpu_tensors(mla_plan *plan, const Host &h, const mla_batch &b, mla_tensors t, int heads, bool use_lse,
+                       dm::stream_t stream) {
+    MLA_CHECK(mla_plan_build_metadata(plan, &b, stream));
+    return execute_checked(plan, h, t, heads, use_lse, stream);
 }
 
 Result run_gpu(mla_plan *plan, const Host &h, const Dev &d, int heads, bool device_meta, bool null_last,
@@ -936,6 +944,51 @@ void determinism_case(const Shape &s, int x_len) {
     REQUIRE(same_bits(a, 0, a2, 0, rows), "%s: sequence alone differs between runs", s.name().c_str());
 }
 
+// A step with far more work items than resident CTAs (eight forced
+// splits), whose items have no tile, one tile or several, run as three
+// layers on one metadata build (host-built, then device-built): each execute
+// checked against the CPU and bitwise equal to the first, so nothing an
+// execute leaves behind in the plan changes the next layer's result.
+void test_many_items() {
+    tu_rng rng;
+    tu_rng_init(&rng, tu_seed() ^ 0x70657273ull);
+    dm::stream_t stream = dm::stream_create();
+    const int n = kEmulated ? 16 : 96;
+    for (mla_dtype kv : {MLA_DTYPE_BF16, MLA_DTYPE_FP8_E4M3})
+        for (int heads : {16, 32}) {
+            Shape s;
+            s.kv = kv;
+            s.heads = heads;
+            s.splits = 8;
+            s.max_batch = n;
+            std::vector<int> q_lens(static_cast<size_t>(n), 1), kv_lens(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i)
+                kv_lens[size_t(i)] = i % 4 == 0 ? 0 : i % 4 == 1 ? tu_range(&rng, 1, 64)
+                                                                 : tu_range(&rng, 65, kEmulated ? 1500 : 6000);
+            Host h;
+            make_host(h, s, q_lens, kv_lens, true, 2, &rng);
+            Dev d(h);
+            Plan gpu(s, MLA_BACKEND_GPU), cpu(s, MLA_BACKEND_CPU);
+            const Result want = run_cpu(cpu.p, h, heads, false);
+            const mla_tensors t =
+                tensors_for(h, d.q.get(), d.kv.get(), d.scale_ptr(), d.indices.as<int32_t>(), nullptr, nullptr);
+            for (bool device_meta : {false, true}) {
+                const mla_batch b = batch_for(h, device_meta ? &d : nullptr, false);
+                MLA_CHECK(mla_plan_build_metadata(gpu.p, &b, stream));
+                Result first;
+                for (int layer = 0; layer < 3; ++layer) {
+                    const std::string name = strf("many items: %s batch=%d %s metadata, layer %d",
+                                                  s.name().c_str(), n, device_meta ? "device" : "host", layer);
+                    const Result got = execute_checked(gpu.p, h, t, heads, true, stream);
+                    compare(name.c_str(), h, s, got, want);
+                    if (layer == 0) first = got;
+                    REQUIRE(got.out == first.out && got.lse == first.lse, "%s: differs from layer 0", name.c_str());
+                }
+            }
+        }
+    dm::stream_destroy(stream);
+}
+
 void test_determinism() {
     Shape s1;
     s1.flags = MLA_FLAG_DETERMINISTIC;
@@ -1131,6 +1184,7 @@ int main() {
         {"random_configs", [count] { test_random_configs(count); }},
         {"device_metadata", test_device_metadata},
         {"graph_capture", test_graph_capture},
+        {"many_items", test_many_items},
         {"determinism", test_determinism},
         {"validate_device_inputs", test_validate_device_inputs},
         {"long_sequence", test_long_sequence},
