@@ -60,14 +60,23 @@ inline void *alloc(size_t bytes) {
 inline void release(void *p) {
     if (p) (void)DM_(Free)(p);
 }
+// h2d and fill are finished on return. The tests run the library on
+// non-blocking streams, which do not wait for the legacy default stream: a
+// memset there may still be running (or not yet started) when a kernel on
+// such a stream writes the same buffer, and a copy from pageable memory
+// returns once the data is staged, before it has reached the device. A
+// poison fill that landed after the kernel read as "rows unwritten", now
+// and then, on an H100 (performance.md v21).
 inline void h2d(void *dst, const void *src, size_t bytes) {
     if (bytes) DM_CHECK(DM_(Memcpy)(dst, src, bytes, DM_(MemcpyHostToDevice)));
+    DM_CHECK(DM_(DeviceSynchronize)());
 }
 inline void d2h(void *dst, const void *src, size_t bytes) {
     if (bytes) DM_CHECK(DM_(Memcpy)(dst, src, bytes, DM_(MemcpyDeviceToHost)));
 }
 inline void fill(void *dst, int byte, size_t bytes) {
     if (bytes) DM_CHECK(DM_(Memset)(dst, byte, bytes));
+    DM_CHECK(DM_(DeviceSynchronize)());
 }
 
 inline stream_t stream_create() {

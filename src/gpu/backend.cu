@@ -135,7 +135,12 @@ public:
         geometry_ = make_geometry(cfg_, sms * variant_.blocks_per_sm(), kMinSplitBlocks, max_rows);
         layout_ = MetadataLayout(geometry_);
         MLA_GPU_TRY(hipMalloc(&metadata_, layout_.bytes));
-        MLA_GPU_TRY(hipMemset(metadata_, 0, layout_.bytes));
+        // Finished before the plan is returned: the caller's first build or
+        // execute may be on a non-blocking stream, which does not wait for
+        // the default stream this memset runs on, and the zero block must
+        // be zero when the kernels read it.
+        MLA_GPU_TRY(hipMemsetAsync(metadata_, 0, layout_.bytes, nullptr));
+        MLA_GPU_TRY(hipStreamSynchronize(nullptr));
         MLA_GPU_TRY(hipHostMalloc(&host_staging_, layout_.bytes, 0));
         std::memset(host_staging_, 0, layout_.bytes);
         MLA_GPU_TRY(hipEventCreateWithFlags(&upload_done_, hipEventDisableTiming));
