@@ -19,26 +19,15 @@ extern "C" {
 }
 
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "schedule_host.h"
+#include "seed.h"
 
 namespace {
 
 using namespace mla;
-
-uint64_t test_seed() {
-    static const uint64_t seed = [] {
-        const char *s = std::getenv("MLA_TEST_SEED");
-        const uint64_t v = s ? std::strtoull(s, nullptr, 0) : std::random_device{}();
-        std::printf("[ seed ] %llu (reproduce with MLA_TEST_SEED=%llu)\n", static_cast<unsigned long long>(v),
-                    static_cast<unsigned long long>(v));
-        return v;
-    }();
-    return seed;
-}
 
 void test_item_class(void **) {
     for (int32_t t = 1; t < 400; ++t)
@@ -74,7 +63,7 @@ ScheduleGeometry random_geometry(std::mt19937_64 &rng, int32_t max_batch) {
 }
 
 void test_seq_split(void **) {
-    std::mt19937_64 rng(test_seed() ^ 0x73706c6974ull);
+    std::mt19937_64 rng(tu_seed() ^ 0x73706c6974ull);
     for (int i = 0; i < 20000; ++i) {
         const ScheduleGeometry g = random_geometry(rng, 8);
         const int32_t blocks = int32_t(rng() % 3000);
@@ -95,7 +84,7 @@ void test_seq_split(void **) {
 }
 
 void test_schedule(void **) {
-    std::mt19937_64 rng(test_seed() ^ 0x7363686564ull);
+    std::mt19937_64 rng(tu_seed() ^ 0x7363686564ull);
     for (int iter = 0; iter < 2000; ++iter) {
         const int32_t max_batch = 1 + int32_t(rng() % 300);
         const ScheduleGeometry g = random_geometry(rng, max_batch);
@@ -178,7 +167,7 @@ void test_schedule(void **) {
 }  // namespace
 
 int main() {
-    test_seed();
+    tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_item_class),
         cmocka_unit_test(test_seq_split),

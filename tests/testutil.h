@@ -12,19 +12,13 @@
 
 #include <mla.h>
 
+#include "seed.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- seed and random numbers -------------------------------------------- */
-
-/* The run's seed: MLA_TEST_SEED from the environment when set (decimal or
- * 0x hex), else fresh from /dev/urandom (time and pid as a fallback). The
- * first call prints it with the line to reproduce the run; later calls return
- * the same value. */
-uint64_t tu_seed(void);
-/* Print the seed again (call on failure so it sits next to the error). */
-void tu_print_seed(void);
+/* ---- random numbers (seeded by tu_seed, seed.h) -------------------------- */
 
 typedef struct tu_rng {
     uint64_t s[4];
