@@ -239,7 +239,6 @@ struct Dev {
         dm::h2d(qo.get(), h.b.qo_indptr, size_t(h.b.batch_size + 1) * 4);
         dm::h2d(kvp.get(), h.b.kv_indptr, size_t(h.b.batch_size + 1) * 4);
         dm::h2d(last.get(), h.b.kv_last_page_len, size_t(h.b.batch_size) * 4 + 4);
-        dm::device_sync();
     }
 };
 
@@ -840,7 +839,6 @@ void test_graph_capture() {
         out[size_t(l)]->poison();
         lse[size_t(l)]->poison();
     }
-    dm::device_sync();
 
     dm::begin_capture(stream);
     mla_status st_meta, st_exec[layers];
@@ -873,7 +871,6 @@ void test_graph_capture() {
             out[size_t(l)]->poison();
             lse[size_t(l)]->poison();
         }
-        dm::device_sync();
         dm::launch(exec, stream);
         dm::stream_sync(stream);
         for (int l = 0; l < layers; ++l) {

@@ -249,7 +249,6 @@ Result run_single(const Case &c, const Host &h) {
     out.poison();
     lse.poison();
     dm::stream_t stream = dm::stream_create();
-    dm::device_sync();
     Result r;
     {
         Plan plan(desc_for(c, kHeads, MLA_BACKEND_GPU, 0, kBatch));
@@ -306,7 +305,6 @@ void run_half(const Case &c, const Host &h, int device, Gate &gate, Half &half) 
         out.poison();
         lse.poison();
         dm::stream_t stream = dm::stream_create();
-        dm::device_sync();
 
         dm::set_device(other);
         REQUIRE(current_device() == other, "cudaSetDevice(%d) did not take", other);
