@@ -22,7 +22,10 @@
 //                         (bitwise)
 //   graph_capture         build_metadata (device arrays) + 3 executes captured in
 //                         a graph, replayed; lengths changed in the device arrays,
-//                         replayed again; every replay checked against the CPU
+//                         replayed again; then the same with host-built metadata
+//                         outside the graph, the second step with many more
+//                         items than the captured one; every replay checked
+//                         against the CPU
 //   many_items            far more work items than resident CTAs, items of
 //                         0 / 1 / many tiles, three executes on one metadata
 //                         build (host and device): all checked, bitwise equal
@@ -786,9 +789,13 @@ void test_device_metadata() {
     dm::stream_destroy(stream);
 }
 
-void test_graph_capture() {
+// host_metadata: metadata built from host arrays before the capture and
+// again before the second replay, for a step with many more items than the
+// captured one (an uncaptured execute launches only its step's items; a
+// captured one must launch the plan's bound).
+void graph_capture_case(bool host_metadata) {
     tu_rng rng;
-    tu_rng_init(&rng, tu_seed() ^ 0x6772617068ull);
+    tu_rng_init(&rng, tu_seed() ^ 0x6772617068ull ^ uint64_t(host_metadata));
     Shape s;
     s.q = MLA_DTYPE_BF16;
     s.kv = MLA_DTYPE_FP8_E4M3;
@@ -802,7 +809,10 @@ void test_graph_capture() {
 
     auto lengths = [&](bool second) {
         std::vector<int> kv(static_cast<size_t>(n));
-        for (int i = 0; i < n; ++i) kv[size_t(i)] = second ? tu_range(&rng, 0, max_len) : log_uniform(&rng, 3000);
+        for (int i = 0; i < n; ++i)
+            kv[size_t(i)] = second          ? tu_range(&rng, 0, max_len)
+                            : host_metadata ? tu_range(&rng, 1, 64)  // one item a head block
+                                            : log_uniform(&rng, 3000);
         if (second) kv[1] = 1;
         return kv;
     };
@@ -840,11 +850,13 @@ void test_graph_capture() {
         lse[size_t(l)]->poison();
     }
 
+    const mla_batch host_batch[2] = {batch_for(*host[0][0], nullptr, false), batch_for(*host[1][0], nullptr, false)};
+    if (host_metadata) MLA_CHECK(mla_plan_build_metadata(gpu.p, &host_batch[0], stream));
     dm::begin_capture(stream);
-    mla_status st_meta, st_exec[layers];
+    mla_status st_meta = MLA_SUCCESS, st_exec[layers];
     {
         const mla_batch b = batch_for(*host[0][0], dev[0].get(), false);
-        st_meta = mla_plan_build_metadata(gpu.p, &b, stream);
+        if (!host_metadata) st_meta = mla_plan_build_metadata(gpu.p, &b, stream);
         for (int l = 0; l < layers; ++l) {
             const Dev &d = *dev[size_t(l)];
             const mla_tensors t = tensors_for(*host[0][l], d.q.get(), d.kv.get(), d.scale_ptr(),
@@ -866,6 +878,7 @@ void test_graph_capture() {
         if (ph == 1) {
             // Same batch size, new lengths and page tables, same device pointers.
             for (int l = 0; l < layers; ++l) dev[size_t(l)]->update(*host[1][l]);
+            if (host_metadata) MLA_CHECK(mla_plan_build_metadata(gpu.p, &host_batch[1], stream));
         }
         for (int l = 0; l < layers; ++l) {
             out[size_t(l)]->poison();
@@ -883,13 +896,19 @@ void test_graph_capture() {
             g.lse.resize(rows);
             std::memcpy(g.out.data(), o.data(), rows * kDV * 2);
             std::memcpy(g.lse.data(), ls.data(), rows * 4);
-            const std::string name = strf("graph replay %d layer %d", ph, l);
+            const std::string name =
+                strf("graph replay %d layer %d (%s metadata)", ph, l, host_metadata ? "host" : "device");
             compare(name.c_str(), h, s, g, run_cpu(cpu.p, h, s.heads, false));
         }
     }
     dm::graph_exec_destroy(exec);
     dm::graph_destroy(graph);
     dm::stream_destroy(stream);
+}
+
+void test_graph_capture() {
+    graph_capture_case(false);
+    graph_capture_case(true);
 }
 
 void transplant(const Shape &s, Host &dst, int dx, const Host &src, int sx, int len) {

@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
 
     wait_for_previous_grid();  // metadata, Q, KV, and the previous step's readers of out / partials
     allow_next_grid();
-    // The grid is the plan's max_items and items has that many entries
-    // (zeroed at creation), so the item's load goes out with the summary's.
+    // items has the plan's max_items entries (zeroed at creation), at least
+    // the grid, so the item's load goes out with the summary's.
     const WorkItem w = p.items[blockIdx.x];
     if (int(blockIdx.x) >= p.summary->num_items) return;
 

@@ -1,6 +1,7 @@
 // GPU backend: device buffers of a plan, metadata upload or on-device
 // scheduling, and the launches of one execute. Never allocates or
 // synchronises in execute (except under MLA_FLAG_VALIDATE_DEVICE_INPUTS).
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -172,6 +173,7 @@ public:
                                        hipMemcpyHostToDevice, s));
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
         step_may_split_ = sched.summary.max_splits > 1;
+        step_items_ = sched.summary.num_items;
         deep_combine_ = sched.summary.max_splits > kCombineBatchSplits;
         return MLA_SUCCESS;
     }
@@ -191,6 +193,7 @@ public:
         const hipStream_t s = static_cast<hipStream_t>(stream);
         MLA_GPU_TRY(launch_metadata(p, s));
         step_may_split_ = true;  // (decided on the device)
+        step_items_ = -1;
         // Splits are decided on the device too: more than a combine batch
         // is likely only where the batch's head blocks are few per SM.
         deep_combine_ = int64_t(batch.batch_size) * geometry_.head_blocks * kCombineBatchSplits <= sms_;
@@ -251,19 +254,23 @@ public:
         p.qk_scale = cfg_.sm_scale * (fp8_q ? t.q_scale : 1.0f) * (fp8_kv ? t.kv_scale : 1.0f);
         p.v_scale = fp8_kv ? t.kv_scale : 1.0f;
         p.logit_cap = cfg_.logit_cap;
-        // The grid is the plan's bound, not this step's item count, so a
-        // captured graph stays valid when a later step has more items.
-        MLA_GPU_TRY(variant_.launch(p, g.max_items, s, overlap_launches_));
+        // What a graph captures must stay valid for any later step, so the
+        // grid is the plan's bound unless this step's host-built item count
+        // is known and nothing is being captured. Then the CTAs past its
+        // items are not launched: most of them would start only as the
+        // step's own CTAs finish, and each still waits, loads the summary
+        // and exits before the grid completes (about 1 us of a small step:
+        // docs/performance.md, v22).
+        hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+        MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
+        const bool capturing = capture != hipStreamCaptureStatusNone;
+        const int grid = step_items_ >= 0 && !capturing ? std::max(step_items_, 1) : g.max_items;
+        MLA_GPU_TRY(variant_.launch(p, grid, s, overlap_launches_));
 
         // The combine kernel has nothing to do for a step whose host-built
         // schedule has no split; a graph being captured keeps it, as a
         // replay may follow a step that splits.
-        bool combine = g.mode != SPLIT_FORCED || g.forced_splits > 1;
-        if (combine && !step_may_split_) {
-            hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
-            MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
-            combine = capture != hipStreamCaptureStatusNone;
-        }
+        const bool combine = (g.mode != SPLIT_FORCED || g.forced_splits > 1) && (step_may_split_ || capturing);
         if (combine) {
             CombineParams c{};
             c.summary = summary();
@@ -300,6 +307,7 @@ private:
     hipEvent_t upload_done_ = nullptr;
     bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
     bool step_may_split_ = true;     // false after a host-built schedule without splits
+    int step_items_ = -1;            // items of the last host-built schedule; -1 after a device build
     int sms_ = 1;                    // multiprocessors (the device path's guess at deep_combine_)
     bool deep_combine_ = true;       // the step may have more than kCombineBatchSplits splits
 };
