@@ -41,6 +41,11 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     // one waited for it (runtime.h), so only the partials' loads follow it.
     const SeqSchedule s = p.seqs[seq];
     const bool idle = seq >= p.summary->batch_size || p.summary->error != 0 || s.splits <= 1 || s.q_len == 0;
+    // An idle CTA other than CTA 0 leaves before the wait (runtime.h), so
+    // it need not find an SM after the attention grid: at max_batch 256 the
+    // grid is ~8 waves of CTAs, all idle in a captured step without splits
+    // (docs/performance.md, v22, plan item 10).
+    if (idle && blockIdx.x != 0) return;
     wait_for_previous_grid();  // the attention kernel's partials
     allow_next_grid();
     if (idle) return;

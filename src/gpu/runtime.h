@@ -148,11 +148,15 @@ hipError_t launch_kernel(void (*kernel)(Params...), const Launch &l, const Args 
 
 // Device side of launch_kernel. Every kernel of the library keeps two
 // rules: every thread calls wait_for_previous_grid() before its first global
-// write and before it exits (so a grid never completes before its
-// predecessor), and allow_next_grid() only after its own wait. Then a grid
-// starts only once the grid two places before it on the stream has completed,
-// so what the grid before that one waited for, the step's metadata in
-// particular, may be read before the wait (the combine kernel does).
+// write, and allow_next_grid() only after its own wait; and CTA 0's threads
+// (at least) wait before they exit. A grid then neither completes nor lets
+// its successor start before its predecessor has completed (the successor
+// starts once every CTA has called allow_next_grid() or exited, and CTA 0
+// does neither before its wait). So a grid starts only once the grid two
+// places before it on the stream has completed, and what the grid before
+// that one waited for, the step's metadata in particular, may be read
+// before the wait (the combine kernel does, and its CTAs with nothing to
+// merge exit without waiting).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(MLA_GPU_EMULATED)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
