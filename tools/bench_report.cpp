@@ -42,8 +42,10 @@ void derive(Row &r, double read_gbs) {
 void print_header(std::FILE *f, const RunInfo &in) {
     std::fprintf(f, "mla-bench, libmla %s (%s)  %s\n", in.tool_version.c_str(), in.git.c_str(), in.date.c_str());
     std::fprintf(f, "backend %s: %s\n", in.backend.c_str(), in.device.c_str());
-    std::fprintf(f, "suite %s, iters %d (+%d warm-up), seed %llu%s%s\n", in.suite.c_str(), in.iters, in.warmup, in.seed,
+    std::fprintf(f, "suite %s, iters %d (+%d warm-up), seed %llu%s%s", in.suite.c_str(), in.iters, in.warmup, in.seed,
                  in.shuffle_pages ? ", shuffled page tables" : "", in.dirty_flush ? ", L2 flushed by a memset" : "");
+    if (in.max_batch > 0) std::fprintf(f, ", plans for at least %d sequences", in.max_batch);
+    std::fprintf(f, "\n");
     if (in.read_gbs > 0)
         std::fprintf(f, "streaming read bandwidth (this run, %.0f MB buffer): %.1f GB/s; cache not to serve the KV: %.0f MB\n",
                      in.read_buffer_bytes / 1e6, in.read_gbs, in.cache_bytes / 1e6);
@@ -195,6 +197,7 @@ bool write_json(const std::string &path, const RunInfo &in, const std::vector<Ro
     o << "  \"iters\": " << in.iters << ",\n";
     o << "  \"warmup\": " << in.warmup << ",\n";
     o << "  \"shuffle_pages\": " << jbool(in.shuffle_pages) << ",\n";
+    o << "  \"max_batch\": " << in.max_batch << ",\n";
     o << "  \"dirty_flush\": " << jbool(in.dirty_flush) << ",\n";
     if (!in.torch_status.empty()) {
         o << "  \"torch\": {\"status\": " << jstr(in.torch_status) << ", \"device\": " << jstr(in.torch_device)

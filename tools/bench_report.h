@@ -59,6 +59,7 @@ struct RunInfo {
     unsigned long long seed = 0;
     int iters = 0, warmup = 0;
     bool shuffle_pages = false;
+    int max_batch = 0;         // --max-batch (0: each plan sized for its shape's batch)
     bool dirty_flush = false;  // --dirty-flush
     std::string torch_status;   // "" = not asked; else what happened
     std::string torch_device;

@@ -57,6 +57,7 @@ struct Options {
     bool seed_given = false;
     unsigned long long seed = 0;
     bool shuffle_pages = false;
+    int max_batch = 0;  // --max-batch: plans sized for this many sequences (0: each shape's batch)
     bool sweep = false;
     bool graphs = true;
     bool dirty_flush = false;
@@ -87,6 +88,8 @@ void usage(std::FILE *f) {
         "  --page-size N        page size of the base shapes (default 1)\n"
         "  --ragged             ragged batches for the base shapes\n"
         "  --shuffle-pages      random page tables instead of the identity\n"
+        "  --max-batch N        size every plan for at least N sequences (an engine's one\n"
+        "                       plan for all batch sizes; default: the shape's batch)\n"
         "\n"
         "running:\n"
         "  --backend B          cpu | gpu | auto (default: gpu when one is present)\n"
@@ -204,6 +207,9 @@ Options parse_options(int argc, char **argv) {
             o.ragged = true;
         } else if (a == "--shuffle-pages") {
             o.shuffle_pages = true;
+        } else if (a == "--max-batch") {
+            if (!parse_int(value(), 1, 1 << 20, &x)) bad_usage("--max-batch needs a positive count");
+            o.max_batch = int(x);
         } else if (a == "--iters") {
             if (!parse_int(value(), 1, 1000000, &x)) bad_usage("--iters needs a positive count");
             o.iters = int(x);
@@ -662,7 +668,7 @@ public:
     Row run() {
         setup();
         Row r = describe();
-        mla_plan_desc d = base_desc(c_, dev_.is_gpu() ? MLA_BACKEND_GPU : MLA_BACKEND_CPU, c_.batch, o_);
+        mla_plan_desc d = base_desc(c_, dev_.is_gpu() ? MLA_BACKEND_GPU : MLA_BACKEND_CPU, plan_batch(), o_);
         PlanPtr plan = make_plan(d);
         build_host_metadata(plan.get());
         schedule_info(plan.get(), &r);
@@ -885,7 +891,7 @@ private:
             SweepPoint p;
             p.splits = s;
             try {
-                mla_plan_desc d = base_desc(c_, dev_.is_gpu() ? MLA_BACKEND_GPU : MLA_BACKEND_CPU, c_.batch, o_);
+                mla_plan_desc d = base_desc(c_, dev_.is_gpu() ? MLA_BACKEND_GPU : MLA_BACKEND_CPU, plan_batch(), o_);
                 d.num_splits = s;
                 PlanPtr plan = make_plan(d);
                 build_host_metadata(plan.get());
@@ -907,6 +913,9 @@ private:
             r->sweep.push_back(p);
         }
     }
+
+    // Sequences the timed plans are sized for (--max-batch: an engine's one plan).
+    int plan_batch() const { return std::max(c_.batch, o_.max_batch); }
 
     Device &dev_;
     const Options &o_;
@@ -1095,6 +1104,7 @@ int run(int argc, char **argv) {
     info.iters = iters;
     info.warmup = warmup;
     info.shuffle_pages = o.shuffle_pages;
+    info.max_batch = o.max_batch;
     info.dirty_flush = o.dirty_flush && gpu;
     info.cache_bytes = double(dev->cache_bytes());
     info.read_buffer_bytes = double(dev->read_bandwidth_buffer_bytes());
