@@ -174,6 +174,7 @@ public:
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
         step_may_split_ = sched.summary.max_splits > 1;
         step_items_ = sched.summary.num_items;
+        step_batch_ = sched.summary.batch_size;
         deep_combine_ = sched.summary.max_splits > kCombineBatchSplits;
         return MLA_SUCCESS;
     }
@@ -193,7 +194,7 @@ public:
         const hipStream_t s = static_cast<hipStream_t>(stream);
         MLA_GPU_TRY(launch_metadata(p, s));
         step_may_split_ = true;  // (decided on the device)
-        step_items_ = -1;
+        step_items_ = step_batch_ = -1;
         // Splits are decided on the device too: more than a combine batch
         // is likely only where the batch's head blocks are few per SM.
         deep_combine_ = int64_t(batch.batch_size) * geometry_.head_blocks * kCombineBatchSplits <= sms_;
@@ -255,22 +256,21 @@ public:
         p.v_scale = fp8_kv ? t.kv_scale : 1.0f;
         p.logit_cap = cfg_.logit_cap;
         // What a graph captures must stay valid for any later step, so the
-        // grid is the plan's bound unless this step's host-built item count
+        // grids are the plan's bounds unless this step's host-built schedule
         // is known and nothing is being captured. Then the CTAs past its
-        // items are not launched: most of them would start only as the
-        // step's own CTAs finish, and each still waits, loads the summary
-        // and exits before the grid completes (about 1 us of a small step:
-        // docs/performance.md, v22).
+        // items and sequences are not launched: most of them would start
+        // only as the step's own CTAs finish, and each still loads the
+        // schedule, waits and exits before the grid completes (about 1 us
+        // of a small step: docs/performance.md, v22).
         hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
         MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
-        const bool capturing = capture != hipStreamCaptureStatusNone;
-        const int grid = step_items_ >= 0 && !capturing ? std::max(step_items_, 1) : g.max_items;
-        MLA_GPU_TRY(variant_.launch(p, grid, s, overlap_launches_));
+        const bool exact = step_items_ >= 0 && capture == hipStreamCaptureStatusNone;
+        MLA_GPU_TRY(variant_.launch(p, exact ? std::max(step_items_, 1) : g.max_items, s, overlap_launches_));
 
         // The combine kernel has nothing to do for a step whose host-built
         // schedule has no split; a graph being captured keeps it, as a
         // replay may follow a step that splits.
-        const bool combine = (g.mode != SPLIT_FORCED || g.forced_splits > 1) && (step_may_split_ || capturing);
+        const bool combine = (g.mode != SPLIT_FORCED || g.forced_splits > 1) && (step_may_split_ || !exact);
         if (combine) {
             CombineParams c{};
             c.summary = summary();
@@ -283,8 +283,9 @@ public:
             c.head_blocks = g.head_blocks;
             c.rows_per_item = g.rows_per_item;
             c.slot_floats = p.slot_floats;
-            MLA_GPU_TRY(launch_combine(c, combine_grid(g.max_batch, g.head_blocks, g.rows_per_item), deep_combine_,
-                                       s, overlap_launches_));
+            const int batch = exact ? std::max(step_batch_, 1) : g.max_batch;
+            MLA_GPU_TRY(launch_combine(c, combine_grid(batch, g.head_blocks, g.rows_per_item), deep_combine_, s,
+                                       overlap_launches_));
         }
         return MLA_SUCCESS;
     }
@@ -307,7 +308,8 @@ private:
     hipEvent_t upload_done_ = nullptr;
     bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
     bool step_may_split_ = true;     // false after a host-built schedule without splits
-    int step_items_ = -1;            // items of the last host-built schedule; -1 after a device build
+    int step_items_ = -1;            // items and sequences of the last host-built schedule;
+    int step_batch_ = -1;            // -1 after a device build
     int sms_ = 1;                    // multiprocessors (the device path's guess at deep_combine_)
     bool deep_combine_ = true;       // the step may have more than kCombineBatchSplits splits
 };

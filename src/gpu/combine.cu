@@ -35,8 +35,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
     const int group = blockIdx.x % row_groups, seq_hb = blockIdx.x / row_groups;
     const int seq = seq_hb / p.head_blocks, hb = seq_hb % p.head_blocks;
-    // The grid covers the plan's max_batch (seqs has that many entries, so
-    // the load is issued with the summary's); sequences past this batch exit.
+    // The grid covers the step's sequences or the plan's max_batch (seqs
+    // has that many entries, so the load is issued with the summary's);
+    // sequences past this batch exit.
     // The schedule is read before the wait: the attention kernel before this
     // one waited for it (runtime.h), so only the partials' loads follow it.
     const SeqSchedule s = p.seqs[seq];
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 
 }  // namespace
 
-int combine_grid(int max_batch, int head_blocks, int rows_per_item) {
-    return max_batch * head_blocks * ((rows_per_item + kRowsPerCta - 1) / kRowsPerCta);
+int combine_grid(int batch, int head_blocks, int rows_per_item) {
+    return batch * head_blocks * ((rows_per_item + kRowsPerCta - 1) / kRowsPerCta);
 }
 
 hipError_t launch_combine(const CombineParams &p, int grid, bool deep, hipStream_t stream, bool overlap) {

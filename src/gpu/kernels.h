@@ -76,8 +76,9 @@ int attention_blocks_per_sm();  // resident CTAs per SM (after prepare_attention
 template <int ROWS, int KV>
 bool attention_is_warpgroup();  // runs attention_wgmma.cuh's kernel (else attention.cuh's)
 
-// Combine grid of a plan: covers max_batch sequences x head blocks x rows.
-int combine_grid(int max_batch, int head_blocks, int rows_per_item);
+// Combine grid for `batch` sequences x head blocks x rows (a step's, or
+// the plan's max_batch where the grid must serve any step).
+int combine_grid(int batch, int head_blocks, int rows_per_item);
 // Splits whose partials a combine warp loads at once; `deep` keeps two such
 // batches in flight (for steps with more splits; see combine.cu).
 constexpr int kCombineBatchSplits = 16;
