@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 
 #include "../errors.h"
 #include "../plan.h"
@@ -172,9 +173,7 @@ public:
                                        h + layout_.items_offset, sched.items.size() * sizeof(WorkItem),
                                        hipMemcpyHostToDevice, s));
         MLA_GPU_TRY(hipEventRecord(upload_done_, s));
-        step_may_split_ = sched.summary.max_splits > 1;
-        step_items_ = sched.summary.num_items;
-        step_batch_ = sched.summary.batch_size;
+        host_step_ = sched.summary;
         deep_combine_ = sched.summary.max_splits > kCombineBatchSplits;
         return MLA_SUCCESS;
     }
@@ -193,8 +192,7 @@ public:
         p.items = items();
         const hipStream_t s = static_cast<hipStream_t>(stream);
         MLA_GPU_TRY(launch_metadata(p, s));
-        step_may_split_ = true;  // (decided on the device)
-        step_items_ = step_batch_ = -1;
+        host_step_.reset();  // (its items and splits are decided on the device)
         // Splits are decided on the device too: more than a combine batch
         // is likely only where the batch's head blocks are few per SM.
         deep_combine_ = int64_t(batch.batch_size) * geometry_.head_blocks * kCombineBatchSplits <= sms_;
@@ -263,14 +261,16 @@ public:
         // schedule, waits and exits before the grid completes (about 1 us
         // of a small step: docs/performance.md, v22).
         hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
-        MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
-        const bool exact = step_items_ >= 0 && capture == hipStreamCaptureStatusNone;
-        MLA_GPU_TRY(variant_.launch(p, exact ? std::max(step_items_, 1) : g.max_items, s, overlap_launches_));
+        if (host_step_) {
+            MLA_GPU_TRY(hipStreamIsCapturing(s, &capture));
+        }
+        const ScheduleSummary *step = host_step_ && capture == hipStreamCaptureStatusNone ? &*host_step_ : nullptr;
+        MLA_GPU_TRY(variant_.launch(p, step ? std::max(step->num_items, 1) : g.max_items, s, overlap_launches_));
 
         // The combine kernel has nothing to do for a step whose host-built
         // schedule has no split; a graph being captured keeps it, as a
         // replay may follow a step that splits.
-        const bool combine = (g.mode != SPLIT_FORCED || g.forced_splits > 1) && (step_may_split_ || !exact);
+        const bool combine = (g.mode != SPLIT_FORCED || g.forced_splits > 1) && (!step || step->max_splits > 1);
         if (combine) {
             CombineParams c{};
             c.summary = summary();
@@ -283,7 +283,7 @@ public:
             c.head_blocks = g.head_blocks;
             c.rows_per_item = g.rows_per_item;
             c.slot_floats = p.slot_floats;
-            const int batch = exact ? std::max(step_batch_, 1) : g.max_batch;
+            const int batch = step ? std::max(step->batch_size, 1) : g.max_batch;
             MLA_GPU_TRY(launch_combine(c, combine_grid(batch, g.head_blocks, g.rows_per_item), deep_combine_, s,
                                        overlap_launches_));
         }
@@ -307,9 +307,7 @@ private:
     void *validation_ = nullptr;
     hipEvent_t upload_done_ = nullptr;
     bool overlap_launches_ = false;  // execute's kernels start while their predecessor drains (runtime.h)
-    bool step_may_split_ = true;     // false after a host-built schedule without splits
-    int step_items_ = -1;            // items and sequences of the last host-built schedule;
-    int step_batch_ = -1;            // -1 after a device build
+    std::optional<ScheduleSummary> host_step_;  // the last host-built schedule's; none after a device build
     int sms_ = 1;                    // multiprocessors (the device path's guess at deep_combine_)
     bool deep_combine_ = true;       // the step may have more than kCombineBatchSplits splits
 };
