@@ -27,6 +27,7 @@ runs a "$lib_a" 2 "$@"
 python3 - "$out" <<'PY'
 import math, sys
 out = sys.argv[1]
+num = lambda s: float(s) if s not in ("-", "") else float("nan")
 def rows(name):
     """(kv, batch, kv_len, heads, q_len, page) -> (exec, graph) of one run."""
     r = {}
@@ -37,7 +38,6 @@ def rows(name):
     for line in lines:
         f = line.split()
         if len(f) > 9 and f[0] in ("bf16", "fp8", "fp8fnuz", "mxfp4") and f[1][-1:].isdigit() and f[6] == "|":
-            num = lambda s: float(s) if s not in ("-", "") else float("nan")
             r[tuple(f[:6])] = (num(f[7]), num(f[8]))
     return r
 runs = {n: rows(n) for n in ("a1", "a2", "b1", "b2")}
