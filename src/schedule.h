@@ -145,6 +145,13 @@ MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, const Schedu
     return partial_wave && half >= kMinRefinedBlocks && half >= g.min_split_blocks ? half : target;
 }
 
+// Balanced mode splits a sequence at most this often: at batch 4 x 8k, 32
+// splits were faster than 64 in bf16 (26.4 against 33.7 us) and E4M3 (24.1
+// against 26.4) on an H100, though 64 fill more of the resident CTAs: an
+// item of 2 blocks is mostly fixed cost, and 64 partials a row deepen the
+// combine (docs/performance.md, v13 and v23).
+constexpr int32_t kBalancedMaxSplits = 32;
+
 // How a sequence of `blocks` blocks is split: `splits` items of
 // `chunk_blocks` blocks each (the last may have fewer); never an empty split.
 struct SeqSplit {
@@ -164,7 +171,7 @@ MLA_HD SeqSplit seq_split(int32_t q_len, int32_t blocks, int32_t target_blocks, 
         // sequence is split once more: a split costs a partial write and the
         // combine (e.g. 128 blocks at a target of 125 stay one item).
         s = ceil_div(blocks - target_blocks / 10, target_blocks);
-        if (s > MLA_MAX_SPLITS) s = MLA_MAX_SPLITS;
+        if (s > kBalancedMaxSplits) s = kBalancedMaxSplits;
     }
     if (s > blocks) s = blocks;
     if (s < 1) s = 1;

@@ -3,7 +3,7 @@
 //   item_class   every (chunk, target) up to 400 blocks against its
 //                definition (sixteenths of the target)
 //   seq_split    splits >= 1, no empty split, chunk * splits covers the
-//                sequence, at most MLA_MAX_SPLITS in balanced mode
+//                sequence, at most kBalancedMaxSplits in balanced mode
 //   schedule     build_schedule_host on random batches: every (sequence,
 //                head block) is covered by its items exactly once, in split
 //                order; item indices and partial slots are each used once;
@@ -79,7 +79,7 @@ void test_seq_split(void **) {
         assert_true(s.chunk_blocks >= 1);
         assert_true(int64_t(s.chunk_blocks) * s.splits >= blocks);           // covered
         assert_true(int64_t(s.chunk_blocks) * (s.splits - 1) < blocks);      // last split not empty
-        if (g.mode == SPLIT_BALANCED) assert_true(s.splits <= MLA_MAX_SPLITS);
+        if (g.mode == SPLIT_BALANCED) assert_true(s.splits <= kBalancedMaxSplits);
     }
 }
 
