@@ -235,7 +235,14 @@ MLA_HD int32_t max_work_items(const ScheduleGeometry &g) {
     int64_t n;
     if (g.mode == SPLIT_FORCED) n = seq_items * g.forced_splits;
     else if (g.mode == SPLIT_DETERMINISTIC) n = seq_items * g.det_max_splits;
-    else n = seq_items + 2 * int64_t(g.workers);  // sum of ceil(blocks/target) <= 2 workers + sequences
+    else {
+        // The sum of ceil(blocks / target) is at most 2 workers + sequences,
+        // and no sequence splits more often than the cap: a plan for a few
+        // sequences then launches fewer idle CTAs where its grid is the
+        // bound (graphs, device-built steps).
+        n = seq_items + 2 * int64_t(g.workers);
+        if (n > seq_items * kBalancedMaxSplits) n = seq_items * kBalancedMaxSplits;
+    }
     return int32_t(n < INT32_MAX ? n : INT32_MAX);
 }
 
