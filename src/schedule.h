@@ -151,6 +151,7 @@ MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, const Schedu
 // item of 2 blocks is mostly fixed cost, and 64 partials a row deepen the
 // combine (docs/performance.md, v13 and v23).
 constexpr int32_t kBalancedMaxSplits = 32;
+static_assert(kBalancedMaxSplits <= MLA_MAX_SPLITS, "the combine holds MLA_MAX_SPLITS weights a row");
 
 // How a sequence of `blocks` blocks is split: `splits` items of
 // `chunk_blocks` blocks each (the last may have fewer); never an empty split.
