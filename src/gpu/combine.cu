@@ -28,20 +28,42 @@ constexpr int kWarpCols = MLA_WARP_SIZE * 4;                   // a float4 per l
 constexpr int kColBlocks = MLA_HEAD_DIM_V / kWarpCols;         // warps per row
 constexpr int kRowsPerCta = kCombineWarps / kColBlocks;
 constexpr int kBatch = kCombineBatchSplits;
+constexpr int kReverseMinSeqs = 32;
 static_assert(MLA_HEAD_DIM_V % kWarpCols == 0 && kCombineWarps % kColBlocks == 0, "combine warp tiling");
 
 template <bool kDeep>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+    // Sequence order. A grid that covers max_batch (captured steps, device
+    // metadata) has idle CTAs past the step's sequences. In index order the
+    // step's own CTAs start first and wait for the attention grid in the
+    // few slots it leaves free, and the idle ones start and leave only after
+    // it; numbered from the last sequence down, the idle ones leave during
+    // the attention grid. That is faster from 32 sequences (B32 and B64
+    // graph replays 4-10%) and slower below 16 (docs/performance.md, v24,
+    // v25). The step's batch is known only on the device, so both orders'
+    // schedule entries are loaded with the summary's batch and error (seqs
+    // has an entry for each sequence of the grid), all held in registers
+    // before anything branches on them: the compiler otherwise sinks loads
+    // behind the batch test (the error's was one more dependent L2 round
+    // trip for every CTA with work, 1-5% of small graph replays). The
+    // kernel stays at 104 registers: at 107 the B4 to B16 graph replays
+    // were 5-9% slower (fewer of its CTAs fit beside the attention grid's).
+    // The schedule is read before the wait: the attention kernel before
+    // this one waited for it (runtime.h), so only the partials' loads
+    // follow it.
     const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
-    const int group = blockIdx.x % row_groups, seq_hb = blockIdx.x / row_groups;
-    const int seq = seq_hb / p.head_blocks, hb = seq_hb % p.head_blocks;
-    // The grid covers the step's sequences or the plan's max_batch (seqs
-    // has that many entries, so the load is issued with the summary's);
-    // sequences past this batch exit.
-    // The schedule is read before the wait: the attention kernel before this
-    // one waited for it (runtime.h), so only the partials' loads follow it.
-    const SeqSchedule s = p.seqs[seq];
-    const bool idle = seq >= p.summary->batch_size || p.summary->error != 0 || s.splits <= 1 || s.q_len == 0;
+    const int ctas_per_seq = p.head_blocks * row_groups;
+    const int seq_fwd = int(blockIdx.x) / ctas_per_seq, within = int(blockIdx.x) - seq_fwd * ctas_per_seq;
+    const int seq_rev = int(gridDim.x) / ctas_per_seq - 1 - seq_fwd;
+    SeqSchedule s_fwd = p.seqs[seq_fwd], s_rev = p.seqs[seq_rev];
+    int batch = p.summary->batch_size, error = p.summary->error;
+    for (int *v : {&batch, &error, &s_fwd.q_len, &s_fwd.splits, &s_rev.q_len, &s_rev.splits}) materialize(*v);
+    const bool reversed = batch >= kReverseMinSeqs;
+    const int seq = reversed ? seq_rev : seq_fwd;
+    const SeqSchedule s = reversed ? s_rev : s_fwd;
+    const int hb = within / row_groups, group = within - hb * row_groups;
+    // Sequences past this step's batch exit.
+    const bool idle = seq >= batch || error != 0 || s.splits <= 1 || s.q_len == 0;
     // An idle CTA other than CTA 0 leaves before the wait (runtime.h), so
     // it need not find an SM after the attention grid: at max_batch 256 the
     // grid is ~8 waves of CTAs, all idle in a captured step without splits

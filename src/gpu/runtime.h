@@ -168,6 +168,17 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
+// Makes the compiler hold v in a register at this point, so the load it
+// came from is issued here, unconditionally, rather than sunk into the
+// branch that uses it (NVIDIA only: elsewhere no caller depends on it).
+__device__ __forceinline__ void materialize(int &v) {
+#if defined(__CUDA_ARCH__) && !defined(MLA_GPU_EMULATED)
+    asm volatile("" : "+r"(v));
+#else
+    (void)v;
+#endif
+}
+
 }  // namespace gpu
 }  // namespace mla
 
