@@ -39,8 +39,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     // few slots it leaves free, and the idle ones start and leave only after
     // it; numbered from the last sequence down, the idle ones leave during
     // the attention grid. That is faster from 32 sequences (B32 and B64
-    // graph replays 4-10%) and slower below 16 (docs/performance.md, v24,
-    // v25). The step's batch is known only on the device, so both orders'
+    // graph replays 4-10%) but was slower at 4 and at 16 (1k tokens: the
+    // step's own CTAs queue behind the idle ones; docs/performance.md,
+    // v24, v25). The step's batch is known only on the device, so both orders'
     // schedule entries are loaded with the summary's batch and error (seqs
     // has an entry for each sequence of the grid), all held in registers
     // before anything branches on them: the compiler otherwise sinks loads
