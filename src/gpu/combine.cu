@@ -35,23 +35,22 @@ template <bool kDeep>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
     // Sequence order. A grid that covers max_batch (captured steps, device
     // metadata) has idle CTAs past the step's sequences. In index order the
-    // step's own CTAs start first and wait for the attention grid in the
-    // few slots it leaves free, and the idle ones start and leave only after
-    // it; numbered from the last sequence down, the idle ones leave during
-    // the attention grid. That is faster from 32 sequences (B32 and B64
-    // graph replays 4-10%) but was slower at 4 and at 16 (1k tokens: the
-    // step's own CTAs queue behind the idle ones; docs/performance.md,
-    // v24, v25). The step's batch is known only on the device, so both orders'
-    // schedule entries are loaded with the summary's batch and error (seqs
-    // has an entry for each sequence of the grid), all held in registers
-    // before anything branches on them: the compiler otherwise sinks loads
-    // behind the batch test (the error's was one more dependent L2 round
-    // trip for every CTA with work, 1-5% of small graph replays). The
-    // kernel stays at 104 registers: at 107 the B4 to B16 graph replays
-    // were 5-9% slower (fewer of its CTAs fit beside the attention grid's).
-    // The schedule is read before the wait: the attention kernel before
-    // this one waited for it (runtime.h), so only the partials' loads
-    // follow it.
+    // step's own CTAs start first and wait for the attention grid in the few
+    // slots it leaves free, and the idle ones start and leave only after it;
+    // numbered from the last sequence down, the idle ones leave during the
+    // attention grid. That is faster from 32 sequences (B32 and B64 graph
+    // replays 4-10%) but was slower at 4 and at 16 (1k tokens: the step's own
+    // CTAs queue behind the idle ones; docs/performance.md, v24, v25). The
+    // step's batch is known only on the device, so both orders' schedule
+    // entries are loaded with the summary's batch and error (seqs has an
+    // entry for each sequence of the grid), all held in registers before
+    // anything branches on them: the compiler otherwise sinks loads behind
+    // the batch test (the error's was one more dependent L2 round trip for
+    // every CTA with work, 1-5% of small graph replays). The kernel stays at
+    // 104 registers: at 107 the B4 to B16 graph replays were 5-9% slower
+    // (fewer of its CTAs fit beside the attention grid's). The schedule is
+    // read before the wait: the attention kernel before this one waited for
+    // it (runtime.h), so only the partials' loads follow it.
     const int row_groups = (p.rows_per_item + kRowsPerCta - 1) / kRowsPerCta;
     const int ctas_per_seq = p.head_blocks * row_groups;
     const int seq_fwd = int(blockIdx.x) / ctas_per_seq, within = int(blockIdx.x) - seq_fwd * ctas_per_seq;
