@@ -391,11 +391,15 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         // Scores in log2 units, masked; rescale when one passes its row's reference.
         bool over = false;
 #pragma unroll
+        for (int e = 0; e < kSRegs; ++e)  // exact power of two first: no underflow
+            s_acc[e] = score_nonfinite_to_nan(s_acc[e] * q_unscale * p.qk_scale);
+        if (p.logit_cap > 0.0f)  // one branch a tile, not one a score (docs/performance.md, v25)
+#pragma unroll
+            for (int e = 0; e < kSRegs; ++e) s_acc[e] = p.logit_cap * tanhf(s_acc[e] / p.logit_cap);
+#pragma unroll
         for (int e = 0; e < kSRegs; ++e) {
             const int r = reg_row(e), tok = t0 + 16 * warp + g + 8 * ((e >> 1) & 1);
-            float v = score_nonfinite_to_nan(s_acc[e] * q_unscale * p.qk_scale);  // exact power of two first: no underflow
-            if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
-            v = tok < visible_end[r] ? v * kLog2e : kNegInf;
+            const float v = tok < visible_end[r] ? s_acc[e] * kLog2e : kNegInf;
             s_acc[e] = v;
             over |= v > m_ref[r] + kRescaleLog2;
         }
