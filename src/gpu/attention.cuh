@@ -179,15 +179,20 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         if (softmax_thread) {
             const int r = sm_row, c0 = sm_col;
             float sv[S::kRowCols];
-            float mt = kNegInf;
 #pragma unroll
             for (int c = 0; c < S::kRowCols; ++c) {
                 float v = 0.0f;
 #pragma unroll
                 for (int k = 0; k < S::kKSplit; ++k) v += ss[(k * ROWS + r) * S::kSLd + c0 + c];
-                v = score_nonfinite_to_nan(v * p.qk_scale);
-                if (p.logit_cap > 0.0f) v = p.logit_cap * tanhf(v / p.logit_cap);
-                sv[c] = t0 + c0 + c < visible_end ? v * kLog2e : kNegInf;
+                sv[c] = score_nonfinite_to_nan(v * p.qk_scale);
+            }
+            if (p.logit_cap > 0.0f)  // one branch a tile, not one a score (as in attention_wgmma.cuh)
+#pragma unroll
+                for (int c = 0; c < S::kRowCols; ++c) sv[c] = p.logit_cap * tanhf(sv[c] / p.logit_cap);
+            float mt = kNegInf;
+#pragma unroll
+            for (int c = 0; c < S::kRowCols; ++c) {
+                sv[c] = t0 + c0 + c < visible_end ? sv[c] * kLog2e : kNegInf;
                 mt = fmaxf(mt, sv[c]);
             }
 #pragma unroll
