@@ -70,11 +70,14 @@ struct WgmmaShape {
     // Registers a thread after the warpgroups' hand-over (setmaxnreg; 0:
     // as launched). 32 rows' O^T alone is 128 accumulators a consumer
     // thread (the bf16 kernel uses 234 registers), so the producers give
-    // some of theirs to it (the decode fits 88 without spills). The launch
+    // some of theirs to it (the decode fits 88 without spills). 16 rows
+    // fit the launch's 128, but there ptxas builds the consumer's wgmma
+    // descriptors in vector registers and moves each to a uniform one (141
+    // R2UR against 20 at 168; docs/performance.md, v25). The launch
     // allocates kLaunchRegisters a thread.
     static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-    static constexpr int kConsumerRegisters = kProducer && ROWS == 32 ? 240 : 0;
-    static constexpr int kProducerRegisters = kProducer && ROWS == 32 ? 88 : 0;
+    static constexpr int kConsumerRegisters = !kProducer ? 0 : ROWS == 32 ? 240 : 168;
+    static constexpr int kProducerRegisters = !kProducer ? 0 : ROWS == 32 ? 88 : 112;
     static_assert(kConsumerThreads * kConsumerRegisters + kProducerThreads * kProducerRegisters <=
                       kThreads * kLaunchRegisters,
                   "the hand-over fits the launch's registers");
