@@ -73,8 +73,9 @@ struct WgmmaShape {
     // some of theirs to it (the decode fits 88 without spills). 16 rows
     // fit the launch's 128, but there ptxas builds the consumer's wgmma
     // descriptors in vector registers and moves each to a uniform one (141
-    // R2UR against 20 at 168; docs/performance.md, v25). The launch
-    // allocates kLaunchRegisters a thread.
+    // R2UR against 20 at 168): with the cap's branch a tile, that kernel
+    // was 1.3% slower at 128 and is even at 168 (docs/performance.md, v26).
+    // The launch allocates kLaunchRegisters a thread.
     static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
     static constexpr int kConsumerRegisters = !kProducer ? 0 : ROWS == 32 ? 240 : 168;
     static constexpr int kProducerRegisters = !kProducer ? 0 : ROWS == 32 ? 88 : 112;
@@ -396,7 +397,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e)  // exact power of two first: no underflow
             s_acc[e] = score_nonfinite_to_nan(s_acc[e] * q_unscale * p.qk_scale);
-        if (p.logit_cap > 0.0f)  // one branch a tile, not one a score (docs/performance.md, v25)
+        if (p.logit_cap > 0.0f)  // one branch a tile, not one a score (docs/performance.md, v25, v26)
 #pragma unroll
             for (int e = 0; e < kSRegs; ++e) s_acc[e] = p.logit_cap * tanhf(s_acc[e] / p.logit_cap);
 #pragma unroll
