@@ -136,9 +136,12 @@ MLA_HD int32_t balanced_target_blocks(int64_t total_blocks, const ScheduleGeomet
 // add items), the short last wave of target-sized items sets the time;
 // items of half the size, issued largest class first, even it out. From
 // 1.5 waves on the greedy order already does, and items under
-// kMinRefinedBlocks cost more in their fixed prologue, epilogue and
-// partial than the balance gains (H200, docs/performance.md v10).
-constexpr int32_t kMinRefinedBlocks = 8;
+// kMinRefinedBlocks (1024 tokens) cost more in their fixed prologue,
+// epilogue, partial and combine than the balance gains: halving to 9
+// blocks made ragged fp8 B256 x 1k 5-10% slower, while halving to 16 or
+// 32 makes the 8k batches of 64 5-22% faster (docs/performance.md, v10
+// and v26).
+constexpr int32_t kMinRefinedBlocks = 16;
 MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, const ScheduleGeometry &g) {
     const int32_t half = (target + 1) / 2;  // target / half <= 2: max_work_items' bound
     const bool partial_wave = items > g.workers && 2 * items < 3 * int64_t(g.workers);

@@ -4,6 +4,8 @@
 //                definition (sixteenths of the target)
 //   seq_split    splits >= 1, no empty split, chunk * splits covers the
 //                sequence, at most kBalancedMaxSplits in balanced mode
+//   refined_target  the partial-wave halving and its floor, on the cases
+//                that set them
 //   schedule     build_schedule_host on random batches: every (sequence,
 //                head block) is covered by its items exactly once, in split
 //                order; item indices and partial slots are each used once;
@@ -81,6 +83,26 @@ void test_seq_split(void **) {
         assert_true(int64_t(s.chunk_blocks) * (s.splits - 1) < blocks);      // last split not empty
         if (g.mode == SPLIT_BALANCED) assert_true(s.splits <= kBalancedMaxSplits);
     }
+}
+
+// The balanced target is halved only for a partial wave of items (more
+// than one wave of workers, less than one and a half) and only down to
+// kMinRefinedBlocks: the cases that decided the rule (docs/performance.md
+// v26, ragged batches at 264 workers).
+void test_refined_target(void **) {
+    PlanConfig cfg{};
+    cfg.num_heads = 16;
+    cfg.max_q_len = 1;
+    cfg.page_size = 1;
+    cfg.max_batch_size = 256;
+    const ScheduleGeometry g = make_geometry(cfg, 264, 1, 16);
+    assert_int_equal(g.mode, SPLIT_BALANCED);
+    assert_int_equal(refined_target_blocks(31, 300, g), 16);   // B64 x 8k: halved
+    assert_int_equal(refined_target_blocks(124, 380, g), 62);  // B256 x 8k: halved
+    assert_int_equal(refined_target_blocks(17, 380, g), 17);   // B256 x 1k: 9-block items cost more
+    assert_int_equal(refined_target_blocks(31, 264, g), 31);   // one wave exactly
+    assert_int_equal(refined_target_blocks(31, 396, g), 31);   // 1.5 waves: the greedy order evens it
+    assert_int_equal(refined_target_blocks(31, 395, g), 16);
 }
 
 void test_schedule(void **) {
@@ -171,6 +193,7 @@ int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_item_class),
         cmocka_unit_test(test_seq_split),
+        cmocka_unit_test(test_refined_target),
         cmocka_unit_test(test_schedule),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
