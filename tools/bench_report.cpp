@@ -144,6 +144,36 @@ void print_geomeans(std::FILE *f, const std::vector<Row> &rows, bool gpu, const 
     }
 }
 
+void print_ragged_ratios(std::FILE *f, const std::vector<Row> &rows, bool gpu) {
+    auto twin = [](const Row &a, const Row &b) {
+        return a.kv_dtype == b.kv_dtype && a.q_dtype == b.q_dtype && a.batch == b.batch && a.kv_len == b.kv_len &&
+               a.heads == b.heads && a.q_len == b.q_len && a.page_size == b.page_size && a.shuffled == b.shuffled;
+    };
+    int pairs = 0, within = 0;
+    for (const Row &r : rows) {
+        if (!r.ragged || r.batch < 2) continue;  // one sequence is never ragged
+        const Row *u = nullptr;
+        for (const Row &c : rows)
+            if (!c.ragged && twin(c, r)) u = &c;
+        if (!u) continue;
+        if (pairs++ == 0) {
+            std::fprintf(f, "\nragged / uniform (same total tokens; target: within 1.10)\n");
+            std::fprintf(f, "%-6s %5s %7s %4s %2s %4s | %10s %10s %7s", "kv", "batch", "kv_len", "hds", "q", "page",
+                         "uniform_us", "ragged_us", "exec");
+            if (gpu) std::fprintf(f, " %7s", "graph");
+            std::fprintf(f, "\n");
+        }
+        const double ratio = r.exec_us / u->exec_us;
+        within += ratio <= 1.10;
+        std::fprintf(f, "%-6s %5d %7d %4d %2d %4d | %10s %10s %7s", r.kv_dtype.c_str(), r.batch, r.kv_len, r.heads,
+                     r.q_len, r.page_size, fmt("%.1f", u->exec_us).c_str(), fmt("%.1f", r.exec_us).c_str(),
+                     fmt("%.3f", ratio).c_str());
+        if (gpu) std::fprintf(f, " %7s", fmt("%.3f", r.graph_us / u->graph_us).c_str());
+        std::fprintf(f, "\n");
+    }
+    if (pairs) std::fprintf(f, "%d of %d ragged batches within 1.10 of uniform (execute)\n", within, pairs);
+}
+
 std::string json_escape(const std::string &s) {
     std::string o;
     for (unsigned char c : s) {

@@ -76,6 +76,10 @@ void print_torch(std::FILE *f, const std::vector<Row> &rows);
 // Geometric means of exec (and graph) time per KV dtype over headline rows.
 std::map<std::string, std::pair<double, double>> geomeans(const std::vector<Row> &rows);
 void print_geomeans(std::FILE *f, const std::vector<Row> &rows, bool gpu, const std::string &label);
+// Ragged / uniform times of every ragged row whose uniform twin (same
+// format, batch, mean length, heads, q_len, page) is in the run; issue 4's
+// target is within 10%. Prints nothing without such pairs.
+void print_ragged_ratios(std::FILE *f, const std::vector<Row> &rows, bool gpu);
 
 bool write_json(const std::string &path, const RunInfo &info, const std::vector<Row> &rows, std::string *error);
 

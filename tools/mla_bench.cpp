@@ -53,6 +53,7 @@ struct Options {
     std::vector<int> batches, kv_lens, heads, q_lens;  // empty = the suite's
     int page_size = 1;
     bool ragged = false;
+    bool ragged_pairs = false;  // --ragged-pairs: each base shape uniform and ragged
     int iters = 0, warmup = -1;  // 0 / -1 = backend default
     bool seed_given = false;
     unsigned long long seed = 0;
@@ -87,6 +88,8 @@ void usage(std::FILE *f) {
         "  --q-len LIST         override the query tokens per sequence\n"
         "  --page-size N        page size of the base shapes (default 1)\n"
         "  --ragged             ragged batches for the base shapes\n"
+        "  --ragged-pairs       each base shape uniform and as a ragged batch of the same\n"
+        "                       total tokens, then a table of ragged / uniform times\n"
         "  --shuffle-pages      random page tables instead of the identity\n"
         "  --max-batch N        size every plan for at least N sequences (an engine's one\n"
         "                       plan for all batch sizes; default: the shape's batch)\n"
@@ -205,6 +208,8 @@ Options parse_options(int argc, char **argv) {
             o.page_size = int(x);
         } else if (a == "--ragged") {
             o.ragged = true;
+        } else if (a == "--ragged-pairs") {
+            o.ragged_pairs = true;
         } else if (a == "--shuffle-pages") {
             o.shuffle_pages = true;
         } else if (a == "--max-batch") {
@@ -245,6 +250,7 @@ Options parse_options(int argc, char **argv) {
             bad_usage("unknown option " + a);
         }
     }
+    if (o.ragged && o.ragged_pairs) bad_usage("--ragged and --ragged-pairs exclude each other");
     return o;
 }
 
@@ -470,7 +476,10 @@ std::vector<Case> build_cases(const Options &o) {
     // (heads, q_len, page, ragged, base) variants, each over batch x kv_len.
     std::vector<std::tuple<int, int, int, bool, bool>> variants;
     for (int h : heads)
-        for (int q : q_lens) variants.emplace_back(h, q, o.page_size, o.ragged, true);
+        for (int q : q_lens) {
+            variants.emplace_back(h, q, o.page_size, o.ragged, true);
+            if (o.ragged_pairs) variants.emplace_back(h, q, o.page_size, true, false);
+        }
     if (o.suite == "wide") {
         for (int h : {32, 64, 128}) variants.emplace_back(h, 1, o.page_size, o.ragged, false);
         for (int q : {2, 4}) variants.emplace_back(16, q, o.page_size, o.ragged, false);
@@ -486,6 +495,7 @@ std::vector<Case> build_cases(const Options &o) {
             const bool rag = std::get<3>(v), base = std::get<4>(v);
             for (int b : batches)
                 for (int l : kv_lens) {
+                    if (rag && !base && b == 1) continue;  // a ragged twin of one sequence is the uniform shape
                     if (!seen.insert({dt, b, l, h, q, p, rag}).second) continue;
                     cases.push_back({d, b, l, h, q, p, rag, base});
                 }
@@ -1099,7 +1109,7 @@ int run(int argc, char **argv) {
     info.date = utc_now();
     info.backend = gpu ? "gpu" : "cpu";
     info.device = dev->name();
-    info.suite = o.suite + (o.ragged ? ", ragged" : "") + (o.page_size != 1 ? ", page " + std::to_string(o.page_size) : "");
+    info.suite = o.suite + (o.ragged ? ", ragged" : "") + (o.ragged_pairs ? ", ragged pairs" : "") + (o.page_size != 1 ? ", page " + std::to_string(o.page_size) : "");
     info.seed = o.seed;
     info.iters = iters;
     info.warmup = warmup;
@@ -1149,6 +1159,7 @@ int run(int argc, char **argv) {
     TempDir tmp;
     if (o.compare_torch) compare_torch(o, gpu, iters, warmup, o.seed, rows, info, tmp);
     print_geomeans(stdout, rows, gpu, o.suite == "quick" ? "quick" : "base (headline)");
+    print_ragged_ratios(stdout, rows, gpu);
 
     std::string json = o.json;
     if (json.empty() && !o.plot.empty() && !tmp.path.empty()) json = tmp.path + "/bench.json";
