@@ -29,6 +29,15 @@ std::string check_text(const Row &r) {
 
 std::string kv_len_text(const Row &r) { return (r.ragged ? "~" : "") + std::to_string(r.kv_len); }
 
+// The shape columns every table starts with, and their headings.
+void print_shape_header(std::FILE *f) {
+    std::fprintf(f, "%-6s %5s %7s %4s %2s %4s |", "kv", "batch", "kv_len", "hds", "q", "page");
+}
+void print_shape(std::FILE *f, const Row &r, const std::string &kv_len) {
+    std::fprintf(f, "%-6s %5d %7s %4d %2d %4d |", r.kv_dtype.c_str(), r.batch, kv_len.c_str(), r.heads, r.q_len,
+                 r.page_size);
+}
+
 }  // namespace
 
 void derive(Row &r, double read_gbs) {
@@ -57,19 +66,19 @@ void print_header(std::FILE *f, const RunInfo &in) {
 }
 
 void print_table_header(std::FILE *f) {
-    std::fprintf(f,
-                 "\n%-6s %5s %7s %4s %2s %4s | %9s %9s %9s %9s %9s | %9s %8s %6s %7s | %11s | %s\n",
-                 "kv", "batch", "kv_len", "hds", "q", "page", "exec_us", "graph_us", "g+meta", "meta_us", "dmeta_us",
-                 "MB", "GB/s", "%bw", "TFLOP/s", "items/split", "check");
+    std::fprintf(f, "\n");
+    print_shape_header(f);
+    std::fprintf(f, " %9s %9s %9s %9s %9s | %9s %8s %6s %7s | %11s | %s\n", "exec_us", "graph_us", "g+meta", "meta_us",
+                 "dmeta_us", "MB", "GB/s", "%bw", "TFLOP/s", "items/split", "check");
 }
 
 void print_row(std::FILE *f, const Row &r) {
     char sched[32];
     std::snprintf(sched, sizeof sched, "%d/%d", r.work_items, r.max_splits);
-    std::fprintf(f, "%-6s %5d %7s %4d %2d %4d | %9s %9s %9s %9s %9s | %9s %8s %6s %7s | %11s | %s%s%s\n",
-                 r.kv_dtype.c_str(), r.batch, kv_len_text(r).c_str(), r.heads, r.q_len, r.page_size,
-                 fmt("%.1f", r.exec_us).c_str(), fmt("%.1f", r.graph_us).c_str(), fmt("%.1f", r.graph_meta_us).c_str(),
-                 fmt("%.1f", r.meta_us).c_str(), fmt("%.1f", r.dmeta_us).c_str(), fmt("%.2f", r.bytes / 1e6).c_str(),
+    print_shape(f, r, kv_len_text(r));
+    std::fprintf(f, " %9s %9s %9s %9s %9s | %9s %8s %6s %7s | %11s | %s%s%s\n", fmt("%.1f", r.exec_us).c_str(),
+                 fmt("%.1f", r.graph_us).c_str(), fmt("%.1f", r.graph_meta_us).c_str(), fmt("%.1f", r.meta_us).c_str(),
+                 fmt("%.1f", r.dmeta_us).c_str(), fmt("%.2f", r.bytes / 1e6).c_str(),
                  fmt("%.1f", r.gbs).c_str(), fmt("%.1f", r.bw_fraction * 100).c_str(), fmt("%.3f", r.tflops).c_str(),
                  sched, check_text(r).c_str(), r.note.empty() ? "" : "  # ", r.note.c_str());
     std::fflush(f);
@@ -99,11 +108,11 @@ void print_sweep(std::FILE *f, const Row &r) {
 
 void print_torch(std::FILE *f, const std::vector<Row> &rows) {
     std::fprintf(f, "\nPyTorch comparison (ratio = torch_us / mla_us, > 1 means libmla is faster)\n");
-    std::fprintf(f, "%-6s %5s %7s %4s %2s %4s | %10s %10s %8s\n", "kv", "batch", "kv_len", "hds", "q", "page", "mla_us",
-                 "torch_us", "ratio");
+    print_shape_header(f);
+    std::fprintf(f, " %10s %10s %8s\n", "mla_us", "torch_us", "ratio");
     for (const Row &r : rows) {
-        std::fprintf(f, "%-6s %5d %7s %4d %2d %4d | %10s %10s %8s\n", r.kv_dtype.c_str(), r.batch, kv_len_text(r).c_str(),
-                     r.heads, r.q_len, r.page_size, fmt("%.1f", r.exec_us).c_str(), fmt("%.1f", r.torch_us).c_str(),
+        print_shape(f, r, kv_len_text(r));
+        std::fprintf(f, " %10s %10s %8s\n", fmt("%.1f", r.exec_us).c_str(), fmt("%.1f", r.torch_us).c_str(),
                      fmt("%.2f", r.torch_us / r.exec_us).c_str());
     }
 }
@@ -151,22 +160,22 @@ void print_ragged_ratios(std::FILE *f, const std::vector<Row> &rows, bool gpu) {
     };
     int pairs = 0, within = 0;
     for (const Row &r : rows) {
-        if (!r.ragged || r.batch < 2) continue;  // one sequence is never ragged
+        if (!r.ragged) continue;
         const Row *u = nullptr;
         for (const Row &c : rows)
             if (!c.ragged && twin(c, r)) u = &c;
         if (!u) continue;
         if (pairs++ == 0) {
             std::fprintf(f, "\nragged / uniform (same total tokens; target: within 1.10)\n");
-            std::fprintf(f, "%-6s %5s %7s %4s %2s %4s | %10s %10s %7s", "kv", "batch", "kv_len", "hds", "q", "page",
-                         "uniform_us", "ragged_us", "exec");
+            print_shape_header(f);
+            std::fprintf(f, " %10s %10s %7s", "uniform_us", "ragged_us", "exec");
             if (gpu) std::fprintf(f, " %7s", "graph");
             std::fprintf(f, "\n");
         }
         const double ratio = r.exec_us / u->exec_us;
         within += ratio <= 1.10;
-        std::fprintf(f, "%-6s %5d %7d %4d %2d %4d | %10s %10s %7s", r.kv_dtype.c_str(), r.batch, r.kv_len, r.heads,
-                     r.q_len, r.page_size, fmt("%.1f", u->exec_us).c_str(), fmt("%.1f", r.exec_us).c_str(),
+        print_shape(f, r, std::to_string(r.kv_len));  // the mean length both share
+        std::fprintf(f, " %10s %10s %7s", fmt("%.1f", u->exec_us).c_str(), fmt("%.1f", r.exec_us).c_str(),
                      fmt("%.3f", ratio).c_str());
         if (gpu) std::fprintf(f, " %7s", fmt("%.3f", r.graph_us / u->graph_us).c_str());
         std::fprintf(f, "\n");

@@ -1109,7 +1109,8 @@ int run(int argc, char **argv) {
     info.date = utc_now();
     info.backend = gpu ? "gpu" : "cpu";
     info.device = dev->name();
-    info.suite = o.suite + (o.ragged ? ", ragged" : "") + (o.ragged_pairs ? ", ragged pairs" : "") + (o.page_size != 1 ? ", page " + std::to_string(o.page_size) : "");
+    info.suite = o.suite + (o.ragged ? ", ragged" : "") + (o.ragged_pairs ? ", ragged pairs" : "") +
+                 (o.page_size != 1 ? ", page " + std::to_string(o.page_size) : "");
     info.seed = o.seed;
     info.iters = iters;
     info.warmup = warmup;
