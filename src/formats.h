@@ -3,6 +3,7 @@
 // the host (CPU backend, tests) and inside GPU kernels.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -110,6 +111,9 @@ MLA_HD float e8m0_to_float(uint8_t e) {
 // scores go through this before the logit cap and the mask: 0 * inf is NaN,
 // 0 * finite is 0. One multiply-add, no branch.
 MLA_HD float score_nonfinite_to_nan(float s) { return s + 0.0f * s; }
+
+// The logit cap (DESIGN §1): cap * tanh(s / cap), applied where cap > 0.
+MLA_HD float capped_score(float s, float cap) { return cap * tanhf(s / cap); }
 
 // The larger of two split LSEs, NaN winning (the same rule when splits are
 // merged: a split that met a non-finite key makes the merged row NaN).

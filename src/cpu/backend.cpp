@@ -130,7 +130,7 @@ private:
                 float block_max = kNegInf;
                 for (int32_t j = 0; j < nvis; ++j) {
                     float s = score_nonfinite_to_nan(dot576(qr, &sc.kv[size_t(j) * kDim]));
-                    if (cfg_.logit_cap > 0.0f) s = cfg_.logit_cap * std::tanh(s / cfg_.logit_cap);
+                    if (cfg_.logit_cap > 0.0f) s = capped_score(s, cfg_.logit_cap);
                     sc.s[size_t(j)] = s;
                     block_max = std::max(block_max, s);
                 }

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
             }
             if (p.logit_cap > 0.0f)  // one branch a tile, not one a score (as in attention_wgmma.cuh)
 #pragma unroll
-                for (int c = 0; c < S::kRowCols; ++c) sv[c] = p.logit_cap * tanhf(sv[c] / p.logit_cap);
+                for (int c = 0; c < S::kRowCols; ++c) sv[c] = capped_score(sv[c], p.logit_cap);
             float mt = kNegInf;
 #pragma unroll
             for (int c = 0; c < S::kRowCols; ++c) {

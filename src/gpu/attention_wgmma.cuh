@@ -399,7 +399,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
             s_acc[e] = score_nonfinite_to_nan(s_acc[e] * q_unscale * p.qk_scale);
         if (p.logit_cap > 0.0f)  // one branch a tile, not one a score (docs/performance.md, v25, v26)
 #pragma unroll
-            for (int e = 0; e < kSRegs; ++e) s_acc[e] = p.logit_cap * tanhf(s_acc[e] / p.logit_cap);
+            for (int e = 0; e < kSRegs; ++e) s_acc[e] = capped_score(s_acc[e], p.logit_cap);
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) {
             const int r = reg_row(e), tok = t0 + 16 * warp + g + 8 * ((e >> 1) & 1);
