@@ -97,12 +97,13 @@ void test_refined_target(void **) {
     cfg.max_batch_size = 256;
     const ScheduleGeometry g = make_geometry(cfg, 264, 1, 16);
     assert_int_equal(g.mode, SPLIT_BALANCED);
-    assert_int_equal(refined_target_blocks(31, 300, g), 16);   // B64 x 8k: halved
-    assert_int_equal(refined_target_blocks(124, 380, g), 62);  // B256 x 8k: halved
-    assert_int_equal(refined_target_blocks(17, 380, g), 17);   // B256 x 1k: 9-block items cost more
-    assert_int_equal(refined_target_blocks(31, 264, g), 31);   // one wave exactly
-    assert_int_equal(refined_target_blocks(31, 396, g), 31);   // 1.5 waves: the greedy order evens it
-    assert_int_equal(refined_target_blocks(31, 395, g), 16);
+    assert_int_equal(refined_target_blocks(31, 300, 64, g), 16);    // B64 x 8k: halved
+    assert_int_equal(refined_target_blocks(124, 380, 256, g), 124);  // B256 x 8k: most rows unsplit
+    assert_int_equal(refined_target_blocks(124, 380, 190, g), 62);   // two items a row: halved
+    assert_int_equal(refined_target_blocks(17, 380, 64, g), 17);     // 9-block items cost more
+    assert_int_equal(refined_target_blocks(31, 264, 64, g), 31);     // one wave exactly
+    assert_int_equal(refined_target_blocks(31, 396, 64, g), 31);     // 1.5 waves: the greedy order evens it
+    assert_int_equal(refined_target_blocks(31, 395, 64, g), 16);
 }
 
 void test_schedule(void **) {
