@@ -154,29 +154,37 @@ constexpr float kPOffsetLog2 = 7.0f;
 template <class Kv, int ROWS, int THREADS>
 __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint8_t *qs,
                               int chunk_bytes, float *red) {
-    constexpr int kBlocks = MLA_HEAD_DIM_QK / 32;
-    constexpr int kUnits = (ROWS * kBlocks + THREADS - 1) / THREADS;  // (row, 32-dim block) units a thread
+    // A thread loads one row (every kParts-th chunk or block of it), so the
+    // row's index (a division by the head count) is computed once, not once
+    // a chunk: the bf16 loop over (row, chunk) units was ~1,000 of a
+    // one-tile item's ~2,600 instructions a warp (docs/performance.md, v27).
+    static_assert(THREADS % ROWS == 0, "threads deal out rows evenly");
+    constexpr int kBlocks = MLA_HEAD_DIM_QK / 32, kParts = THREADS / ROWS;
+    constexpr int kUnits = (kBlocks + kParts - 1) / kParts;  // 32-dim blocks a thread
     const int rows_valid = w.q_len * heads;
+    const int r = int(threadIdx.x) % ROWS, part = int(threadIdx.x) / ROWS;
+    const int64_t row = q_row_index(p, w, h0, heads, r);
     if (Kv::kSwizzled && p.q_dtype == MLA_DTYPE_BF16) {
-        // Chunk m (dims 8m..8m+7) of row r at chunk m's core-matrix column.
+        // Chunk m (dims 8m..8m+7) of row r at chunk m's core-matrix column;
+        // a warp's copies land in 512 contiguous bytes.
         static_assert(!Kv::kSwizzled || (!Kv::kWgmmaF16 && Kv::wgmma_q_word(1, 1, 3) == 15), "Q dims in order");
         constexpr int kChunks = MLA_HEAD_DIM_QK / 8;
-        for (int u = threadIdx.x; u < ROWS * kChunks; u += THREADS) {
-            const int r = u / kChunks, m = u - r * kChunks;
-            copy16_async(qs + (r / 8) * Wgmma::kCoreBytes + (r % 8) * 16 + m * chunk_bytes,
-                         p.q + q_row_index(p, w, h0, heads, r) * 1152 + m * 16, r < rows_valid);
-        }
+        static_assert(kChunks % kParts == 0, "a row's chunks dealt evenly");
+        const uint8_t *src = p.q + row * 1152 + part * 16;
+        uint8_t *dst = qs + (r / 8) * Wgmma::kCoreBytes + (r % 8) * 16 + part * chunk_bytes;
+#pragma unroll
+        for (int i = 0; i < kChunks / kParts; ++i)  // chunk part + i kParts
+            copy16_async(dst + i * kParts * chunk_bytes, src + i * kParts * 16, r < rows_valid);
         return 1.0f;
     }
     uint32_t v[kUnits][16];  // bf16 pairs: word i is dims 32c + 2i, 2i + 1
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
-        const int u = threadIdx.x + k * THREADS, r = u / kBlocks, c = u - r * kBlocks;
+        const int c = part + k * kParts;
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[k][i] = 0u;
-        if (u >= ROWS * kBlocks || r >= rows_valid) continue;
-        const int64_t row = q_row_index(p, w, h0, heads, r);
+        if (c >= kBlocks || r >= rows_valid) continue;
         if (p.q_dtype == MLA_DTYPE_BF16) {
             const uint4 *src = reinterpret_cast<const uint4 *>(p.q + row * 1152 + c * 64);
 #pragma unroll
@@ -221,8 +229,8 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
     const float scale = bits_to_float(uint32_t(127 + shift) << 23);
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
-        const int u = threadIdx.x + k * THREADS, r = u / kBlocks, c = u - r * kBlocks;
-        if (u >= ROWS * kBlocks) continue;
+        const int c = part + k * kParts;
+        if (c >= kBlocks) continue;
         uint32_t h[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i)
@@ -496,18 +504,28 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     }
     S::consumer_sync();
 
-    // Epilogue: bf16 out + lse, or the float partial + lse, 16 bytes a thread.
+    // Epilogue: bf16 out + lse, or the float partial + lse. Thread tid
+    // writes dims 4 tid..4 tid + 3 of every row, so the loop over the rows
+    // has constant offsets and no division (a loop over (row, dims)
+    // units took ~250 instructions a warp: docs/performance.md, v27).
+    static_assert(MLA_HEAD_DIM_V / 4 == S::kConsumerThreads, "a thread's 4 dims of every row");
     float *slot = w.partial_slot >= 0 ? p.partials + int64_t(w.partial_slot) * p.slot_floats : nullptr;
-    constexpr int kQuads = MLA_HEAD_DIM_V / 4;
-    for (int u = tid; u < rows_valid * kQuads; u += S::kConsumerThreads) {
-        const int r = u / kQuads, c = (u - r * kQuads) * 4;
-        const float4 v = *reinterpret_cast<const float4 *>(os + r * S::kOLd + c);
-        if (slot) {
-            *reinterpret_cast<float4 *>(slot + r * MLA_HEAD_DIM_V + c) = v;
-        } else {
-            const int tok = w.q_begin + r / heads, h = h0 + r % heads;
+    const int c = 4 * tid;
+    if (slot) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+            if (r < rows_valid)
+                *reinterpret_cast<float4 *>(slot + r * MLA_HEAD_DIM_V + c) =
+                    *reinterpret_cast<const float4 *>(os + r * S::kOLd + c);
+    } else {
+        int tok = w.q_begin, h = h0;  // of row r
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r >= rows_valid) break;
+            const float4 v = *reinterpret_cast<const float4 *>(os + r * S::kOLd + c);
             uint16_t *o = p.out + (int64_t(tok) * p.num_heads + h) * MLA_HEAD_DIM_V + c;
             *reinterpret_cast<uint2 *>(o) = make_uint2(pack_bf16x2_rn(v.x, v.y), pack_bf16x2_rn(v.z, v.w));
+            if (++h == h0 + heads) h = h0, ++tok;
         }
     }
     if (tid < rows_valid) {
