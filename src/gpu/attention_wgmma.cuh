@@ -156,7 +156,7 @@ __device__ float load_q_wgmma(const AttentionParams &p, const WorkItem &w, int h
                               int chunk_bytes, float *red) {
     // A thread loads one row (every kParts-th chunk or block of it), so the
     // row's index (a division by the head count) is computed once, not once
-    // a chunk: the bf16 loop over (row, chunk) units was ~1,000 of a
+    // a chunk: the bf16 loop over (row, chunk) units was ~860 of a
     // one-tile item's ~2,600 instructions a warp (docs/performance.md, v27).
     static_assert(THREADS % ROWS == 0, "threads deal out rows evenly");
     constexpr int kBlocks = MLA_HEAD_DIM_QK / 32, kParts = THREADS / ROWS;
