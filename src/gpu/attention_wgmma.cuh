@@ -69,7 +69,7 @@ struct WgmmaShape {
     static constexpr int kThreads = kConsumerThreads + kProducerThreads;
     // Registers a thread after the warpgroups' hand-over (setmaxnreg; 0:
     // as launched). 32 rows' O^T alone is 128 accumulators a consumer
-    // thread (the bf16 kernel uses 234 registers), so the producers give
+    // thread (the bf16 kernel uses 240 registers), so the producers give
     // some of theirs to it (the decode fits 88 without spills). 16 rows
     // fit the launch's 128, but there ptxas builds the consumer's wgmma
     // descriptors in vector registers and moves each to a uniform one (141
