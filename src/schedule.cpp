@@ -102,7 +102,7 @@ mla_status build_schedule_host(const ScheduleGeometry &g, const mla_batch &batch
     };
     const int64_t items_at_target = assign_splits();
     if (g.mode == SPLIT_BALANCED) {
-        const int32_t refined = refined_target_blocks(sum.target_blocks, items_at_target, int64_t(n) * g.head_blocks, g);
+        const int32_t refined = refined_target_blocks(sum.target_blocks, items_at_target, n, g);
         if (refined != sum.target_blocks) {
             sum.target_blocks = refined;
             assign_splits();

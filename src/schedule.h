@@ -142,15 +142,15 @@ MLA_HD int32_t balanced_target_blocks(int64_t total_blocks, const ScheduleGeomet
 // 32 makes the 8k batches of 64 5-22% faster (docs/performance.md, v10
 // and v26). Halving also splits the sequences that ran whole at the
 // target, each then paying a partial and a combine row: only where the
-// items are already at least two a sequence row (`rows`: sequences x head
-// blocks) are most of them split anyway. Ragged fp8 B256 x 8k (1.5 items
+// items are already at least two a sequence row (a row: one of the
+// `sequences` x head blocks) are most of them split anyway. Ragged fp8 B256 x 8k (1.5 items
 // a row) runs 2% faster unhalved (v27); the batches of 64 at 8k (2.5-4.6
 // a row) stay 5-22% faster halved (v26).
 constexpr int32_t kMinRefinedBlocks = 16;
-MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, int64_t rows, const ScheduleGeometry &g) {
+MLA_HD int32_t refined_target_blocks(int32_t target, int64_t items, int32_t sequences, const ScheduleGeometry &g) {
     const int32_t half = (target + 1) / 2;  // target / half <= 2: max_work_items' bound
     const bool partial_wave = items > g.workers && 2 * items < 3 * int64_t(g.workers);
-    const bool mostly_split = items >= 2 * rows;
+    const bool mostly_split = items >= 2 * int64_t(sequences) * g.head_blocks;
     return partial_wave && mostly_split && half >= kMinRefinedBlocks && half >= g.min_split_blocks ? half : target;
 }
 

@@ -86,9 +86,11 @@ void test_seq_split(void **) {
 }
 
 // The balanced target is halved only for a partial wave of items (more
-// than one wave of workers, less than one and a half) and only down to
-// kMinRefinedBlocks: the cases that decided the rule (docs/performance.md
-// v26, ragged batches at 264 workers).
+// than one wave of workers, less than one and a half), only down to
+// kMinRefinedBlocks and only where the items are already two per
+// (sequence, head block): the cases that decided the rule
+// (docs/performance.md v26 and v27, ragged batches at 264 workers; one
+// head block, so a row is a sequence).
 void test_refined_target(void **) {
     PlanConfig cfg{};
     cfg.num_heads = 16;

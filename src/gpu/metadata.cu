@@ -174,9 +174,7 @@ __global__ void __launch_bounds__(kMaxMetaThreads) metadata_kernel(const Metadat
             local_max = max(local_max, s.splits);
         }
         total_items = cta_sum(items, warp_items[pass]);
-        const int64_t rows = int64_t(n) * g.head_blocks;
-        const int refined =
-            pass == 0 && g.mode == SPLIT_BALANCED ? refined_target_blocks(target, total_items, rows, g) : target;
+        const int refined = pass == 0 && g.mode == SPLIT_BALANCED ? refined_target_blocks(target, total_items, n, g) : target;
         if (refined == target) break;
         target = refined;
     }
