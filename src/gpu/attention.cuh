@@ -143,8 +143,9 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
     // sequence's q_len sees keys < kv_len - q_len + t + 1.
     const bool softmax_thread = tid < ROWS * S::kRowThreads;
     const int sm_row = tid / S::kRowThreads, sm_col = (tid % S::kRowThreads) * S::kRowCols;
+    const float inv_heads = 1.0f / float(heads);
     const int visible_end =
-        sm_row < rows_valid ? min(w.kv_end, w.kv_len - w.q_len + sm_row / heads + 1) : w.kv_begin;
+        sm_row < rows_valid ? min(w.kv_end, w.kv_len - w.q_len + row_token(sm_row, inv_heads) + 1) : w.kv_begin;
 
     for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % S::kStages, t0 = w.kv_begin + j * N, next = j + S::kStages;
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         // l == 0 only for a row without visible keys; a NaN l (a non-finite
         // key) makes out and lse NaN, never the 0 / -inf of an empty row.
         const float inv = l != 0.0f ? p.v_scale / l : 0.0f;
-        const int tok = w.q_begin + r / heads, h = h0 + r % heads;
+        const int i = row_token(r, inv_heads), tok = w.q_begin + i, h = h0 + r - i * heads;
 #pragma unroll
         for (int i = 0; i < kONt; i += kAcross ? 2 : 1) {
             const int c = wn * S::kOCols + S::Kv::pv_col(i, lane, e);
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         if (slot) {
             slot[ROWS * MLA_HEAD_DIM_V + tid] = lse;
         } else if (p.lse) {
-            const int tok = w.q_begin + tid / heads, h = h0 + tid % heads;
+            const int i = row_token(tid, inv_heads), tok = w.q_begin + i, h = h0 + tid - i * heads;
             p.lse[int64_t(tok) * p.num_heads + h] = lse;
         }
     }

@@ -359,14 +359,10 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
     auto reg_row = [](int e) { return 2 * (e >> 2) + (e & 1); };
     float m_ref[kRows], l_part[kRows];
     int visible_end[kRows];  // query token i of the sequence's q_len sees keys < kv_len - q_len + i + 1
-    // A row's query token i = row / heads, as a float product (an integer
-    // division is ~25 instructions): exact, since (row + 0.5) / heads is
-    // at least 0.5 / heads from an integer and the product errs by less
-    // than 2^-22 of it for rows under 2^20.
     const float inv_heads = 1.0f / float(heads);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-        const int row = row_of(r), i = int((float(row) + 0.5f) * inv_heads);
+        const int row = row_of(r), i = row_token(row, inv_heads);
         m_ref[r] = kNegInf;
         l_part[r] = 0.0f;
         visible_end[r] = row < rows_valid ? min(w.kv_end, w.kv_len - w.q_len + i + 1) : w.kv_begin;

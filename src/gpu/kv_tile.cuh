@@ -593,36 +593,54 @@ struct KvTile {
     }
 };
 
+// The query token (0 .. q_len - 1) of an item's row: row / heads, as a
+// float product with inv_heads = 1 / heads (an integer division is ~25
+// instructions): exact, since (row + 0.5) / heads is at least 0.5 / heads
+// from an integer and the product errs by less than 2^-22 of it for rows
+// under 2^20.
+__device__ inline int row_token(int row, float inv_heads) { return int((float(row) + 0.5f) * inv_heads); }
+
 // Global index of the item's Q row r (token-major, heads of the head
 // block); padding rows read row 0.
 __device__ inline int64_t q_row_index(const AttentionParams &p, const WorkItem &w, int h0, int heads, int r) {
     const bool valid = r < w.q_len * heads;
-    const int tok = w.q_begin + (valid ? r / heads : 0), h = h0 + (valid ? r % heads : 0);
-    return int64_t(tok) * p.num_heads + h;
+    const int i = valid ? row_token(r, 1.0f / float(heads)) : 0;
+    return int64_t(w.q_begin + i) * p.num_heads + h0 + (valid ? r - i * heads : 0);
 }
 
 // Load the item's query rows (token-major, heads of the head block) as bf16
 // into Qs[ROWS][Kv::kQLd]; padding rows are zero. bf16 rows are copied
-// asynchronously (part of the first commit group).
+// asynchronously (part of the first commit group). A thread loads pieces
+// of one row, so the row's index (a division by the head count) is
+// computed once, not once a piece (in the warpgroup kernels that loop was
+// ~860 of a one-tile item's ~2,600 instructions a warp:
+// docs/performance.md, v27).
 template <int ROWS, class Kv>
 __device__ void load_q(const AttentionParams &p, const WorkItem &w, int h0, int heads, uint16_t *qs) {
-    const int rows_valid = w.q_len * heads;
-    auto row_of = [&](int r) { return q_row_index(p, w, h0, heads, r); };
+    static_assert(kThreads % ROWS == 0, "threads deal out rows evenly");
+    constexpr int kParts = kThreads / ROWS;  // threads a row
+    const int r = int(threadIdx.x) % ROWS, part = int(threadIdx.x) / ROWS;
+    const bool valid = r < w.q_len * heads;
+    const int64_t row = q_row_index(p, w, h0, heads, r);
+    uint16_t *dst = qs + r * Kv::kQLd;
     if (p.q_dtype == MLA_DTYPE_BF16) {
         constexpr int kChunks = 1152 / 16;
-        for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
-            const int r = c / kChunks, ch = c - r * kChunks;
-            copy16_async(qs + r * Kv::kQLd + ch * 8, p.q + row_of(r) * 1152 + ch * 16, r < rows_valid);
+#pragma unroll
+        for (int i = 0; i < (kChunks + kParts - 1) / kParts; ++i) {
+            const int ch = part + i * kParts;
+            if (ch < kChunks) copy16_async(dst + ch * 8, p.q + row * 1152 + ch * 16, valid);
         }
     } else {
         constexpr int kUnits = 576 / 4;
-        for (int u = threadIdx.x; u < ROWS * kUnits; u += kThreads) {
-            const int r = u / kUnits, c = u - r * kUnits;
+#pragma unroll
+        for (int i = 0; i < (kUnits + kParts - 1) / kParts; ++i) {
+            const int c = part + i * kParts;
+            if (c >= kUnits) break;
             uint32_t v = 0;
-            if (r < rows_valid) v = *reinterpret_cast<const uint32_t *>(p.q + row_of(r) * 576 + c * 4);
+            if (valid) v = *reinterpret_cast<const uint32_t *>(p.q + row * 576 + c * 4);
             const Bf16x4 b = p.q_dtype == MLA_DTYPE_FP8_E4M3 ? fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3>(v)
                                                              : fp8x4_to_bf16x4<MLA_DTYPE_FP8_E4M3_FNUZ>(v);
-            *reinterpret_cast<uint2 *>(qs + r * Kv::kQLd + c * 4) = make_uint2(b.w[0], b.w[1]);
+            *reinterpret_cast<uint2 *>(dst + c * 4) = make_uint2(b.w[0], b.w[1]);
         }
     }
 }
