@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         // l == 0 only for a row without visible keys; a NaN l (a non-finite
         // key) makes out and lse NaN, never the 0 / -inf of an empty row.
         const float inv = l != 0.0f ? p.v_scale / l : 0.0f;
-        const int i = row_token(r, inv_heads), tok = w.q_begin + i, h = h0 + r - i * heads;
+        const int qt = row_token(r, inv_heads), tok = w.q_begin + qt, h = h0 + r - qt * heads;
 #pragma unroll
         for (int i = 0; i < kONt; i += kAcross ? 2 : 1) {
             const int c = wn * S::kOCols + S::Kv::pv_col(i, lane, e);
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, (AttentionShape<ROWS, KV>::kMinBlock
         if (slot) {
             slot[ROWS * MLA_HEAD_DIM_V + tid] = lse;
         } else if (p.lse) {
-            const int i = row_token(tid, inv_heads), tok = w.q_begin + i, h = h0 + tid - i * heads;
+            const int qt = row_token(tid, inv_heads), tok = w.q_begin + qt, h = h0 + tid - qt * heads;
             p.lse[int64_t(tok) * p.num_heads + h] = lse;
         }
     }
