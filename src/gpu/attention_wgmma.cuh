@@ -534,7 +534,7 @@ __global__ void __launch_bounds__((WgmmaShape<ROWS, KV>::kThreads), (WgmmaShape<
         if (slot) {
             slot[ROWS * MLA_HEAD_DIM_V + tid] = lse;
         } else if (p.lse) {
-            const int tok = w.q_begin + tid / heads, h = h0 + tid % heads;
+            const int qt = row_token(tid, inv_heads), tok = w.q_begin + qt, h = h0 + tid - qt * heads;
             p.lse[int64_t(tok) * p.num_heads + h] = lse;
         }
     }
